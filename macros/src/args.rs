@@ -1,0 +1,410 @@
+//! Parsing attribute arguments: each key stored once with its span, every error collected.
+
+use crate::duration;
+use proc_macro2::{Span, TokenStream};
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path};
+
+/// Every error found, reported together.
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub(crate) fn at(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(crate) fn into_compile_error(self) -> TokenStream {
+        self.0.map(|e| e.to_compile_error()).unwrap_or_default()
+    }
+}
+
+/// A duration argument: a string literal parsed here, or any expression of type `Duration`.
+pub(crate) enum DurationArg {
+    Literal(std::time::Duration, Span),
+    Expr(Expr),
+}
+
+impl DurationArg {
+    fn parse(expr: Expr, errors: &mut Errors) -> Option<Self> {
+        match expr {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match duration::parse(&s.value()) {
+                Ok(d) => Some(DurationArg::Literal(d, s.span())),
+                Err(why) => {
+                    errors.at(s.span(), why);
+                    None
+                }
+            },
+            Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => {
+                errors.at(
+                    i.span(),
+                    format!("a bare number has no unit; write a string such as \"{}ms\" or \"{}s\", or a `Duration` expression", i, i),
+                );
+                None
+            }
+            other => Some(DurationArg::Expr(other)),
+        }
+    }
+
+    pub(crate) fn literal(&self) -> Option<std::time::Duration> {
+        match self {
+            DurationArg::Literal(d, _) => Some(*d),
+            DurationArg::Expr(_) => None,
+        }
+    }
+
+    pub(crate) fn span(&self) -> Span {
+        match self {
+            DurationArg::Literal(_, span) => *span,
+            DurationArg::Expr(e) => e.span(),
+        }
+    }
+}
+
+/// `on = ...`: what decides whether a failure is retried.
+pub(crate) enum On {
+    Transient(Span),
+    All(Span),
+    Classifier(Expr),
+}
+
+/// `#[retry(...)]`.
+#[derive(Default)]
+pub(crate) struct RetryArgs {
+    pub attempts: Option<Expr>,
+    pub base: Option<DurationArg>,
+    pub cap: Option<DurationArg>,
+    pub jitter: Option<Ident>,
+    pub on: Option<On>,
+    pub budget: Option<DurationArg>,
+    pub timeout: Option<DurationArg>,
+    pub breaker: Option<Expr>,
+    pub dead_letter: Option<Expr>,
+    pub krate: Option<Path>,
+}
+
+pub(crate) const RETRY_KEYS: &[&str] =
+    &["attempts", "base", "cap", "jitter", "on", "budget", "timeout", "breaker", "dead_letter", "crate"];
+
+pub(crate) const JITTERS: &[&str] = &["none", "full", "equal", "decorrelated"];
+
+/// `in_progress = ...`: what a call does when another worker holds the key.
+pub(crate) enum InProgress {
+    Fail,
+    Wait(DurationArg),
+}
+
+/// `#[idempotent(...)]`.
+#[derive(Default)]
+pub(crate) struct IdempotentArgs {
+    pub key: Option<Expr>,
+    pub ttl: Option<DurationArg>,
+    pub lease: Option<DurationArg>,
+    pub scope: Option<LitStr>,
+    pub fingerprint: Option<Expr>,
+    pub store: Option<Expr>,
+    pub in_progress: Option<InProgress>,
+    pub krate: Option<Path>,
+}
+
+pub(crate) const IDEMPOTENT_KEYS: &[&str] =
+    &["key", "ttl", "lease", "scope", "fingerprint", "store", "in_progress", "crate"];
+
+/// Stores `value` in `slot`, or reports the key given twice.
+fn once<T>(slot: &mut Option<T>, key: &str, span: Span, value: Option<T>, errors: &mut Errors) {
+    if slot.is_some() {
+        errors.at(span, format!("`{key}` given twice; keep one"));
+    } else if value.is_some() {
+        *slot = value;
+    }
+}
+
+/// Reads `key = <expr>`, or reports a key given without a value.
+fn value(meta: &ParseNestedMeta<'_>, key: &str, errors: &mut Errors) -> syn::Result<Option<Expr>> {
+    if meta.input.peek(syn::Token![=]) {
+        Ok(Some(meta.value()?.parse()?))
+    } else {
+        errors.at(meta.path.span(), format!("`{key}` needs a value: `{key} = ...`"));
+        if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+            // `key(...)` or similar: skip what follows so the next key still parses.
+            let _: TokenStream = meta.input.parse()?;
+        }
+        Ok(None)
+    }
+}
+
+fn key_name(meta: &ParseNestedMeta<'_>) -> String {
+    if meta.path.is_ident("crate") {
+        return "crate".into();
+    }
+    meta.path.get_ident().map(|i| i.to_string()).unwrap_or_else(|| {
+        quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "")
+    })
+}
+
+fn unknown(key: &str, span: Span, valid: &[&str], what: &str, errors: &mut Errors) {
+    let list = valid.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+    let hint = match nearest(key, valid) {
+        Some(near) => format!("; did you mean `{near}`?"),
+        None => String::new(),
+    };
+    errors.at(span, format!("unknown argument `{key}` for `#[{what}]`{hint}\nvalid arguments: {list}"));
+}
+
+/// The valid name closest to `typo`, when it is close enough to be a typo.
+pub(crate) fn nearest<'a>(typo: &str, valid: &[&'a str]) -> Option<&'a str> {
+    valid
+        .iter()
+        .map(|v| (levenshtein(typo, v), *v))
+        .filter(|(d, v)| *d <= (v.len().max(typo.len()) / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn crate_path(expr: Expr, errors: &mut Errors) -> Option<Path> {
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match s.parse::<Path>() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                errors.at(s.span(), "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`");
+                None
+            }
+        },
+        other => {
+            errors.at(other.span(), "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`");
+            None
+        }
+    }
+}
+
+/// Parses `#[retry(...)]`'s arguments.
+pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
+    let mut args = RetryArgs::default();
+    let parser = syn::meta::parser(|meta| {
+        let key = key_name(&meta);
+        let span = meta.path.span();
+        if !RETRY_KEYS.contains(&key.as_str()) {
+            unknown(&key, span, RETRY_KEYS, "retry", errors);
+            if meta.input.peek(syn::Token![=]) {
+                let _: Expr = meta.value()?.parse()?;
+            }
+            return Ok(());
+        }
+        let Some(expr) = value(&meta, &key, errors)? else { return Ok(()) };
+        match key.as_str() {
+            "attempts" => {
+                let v = attempts(expr, errors);
+                once(&mut args.attempts, &key, span, v, errors)
+            }
+            "base" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.base, &key, span, v, errors)
+            }
+            "cap" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.cap, &key, span, v, errors)
+            }
+            "budget" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.budget, &key, span, v, errors)
+            }
+            "timeout" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.timeout, &key, span, v, errors)
+            }
+            "jitter" => {
+                let v = jitter(expr, errors);
+                once(&mut args.jitter, &key, span, v, errors)
+            }
+            "on" => {
+                let v = on(expr);
+                once(&mut args.on, &key, span, Some(v), errors)
+            }
+            "breaker" => once(&mut args.breaker, &key, span, Some(expr), errors),
+            "dead_letter" => once(&mut args.dead_letter, &key, span, Some(expr), errors),
+            "crate" => {
+                let v = crate_path(expr, errors);
+                once(&mut args.krate, &key, span, v, errors)
+            }
+            _ => unreachable!("every key in RETRY_KEYS is handled"),
+        }
+        Ok(())
+    });
+    if let Err(e) = parser.parse2(tokens) {
+        errors.push(e);
+    }
+    args
+}
+
+fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {
+    if let Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) = &expr {
+        match i.base10_parse::<u32>() {
+            Ok(0) => {
+                errors.at(i.span(), "`attempts` counts the first attempt too, so it must be at least 1 (`attempts = 1` means no retry)");
+                return None;
+            }
+            Ok(_) => {}
+            Err(_) => {
+                errors.at(i.span(), "`attempts` must be a whole number from 1 to 4294967295");
+                return None;
+            }
+        }
+    }
+    Some(expr)
+}
+
+fn jitter(expr: Expr, errors: &mut Errors) -> Option<Ident> {
+    let list = "`none`, `full`, `equal` or `decorrelated`";
+    if let Expr::Path(p) = &expr {
+        if let Some(id) = p.path.get_ident() {
+            let name = id.to_string();
+            if JITTERS.contains(&name.as_str()) {
+                return Some(id.clone());
+            }
+            let hint = nearest(&name, JITTERS).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
+            errors.at(id.span(), format!("unknown jitter `{name}`{hint}\njitter is one of {list}"));
+            return None;
+        }
+    }
+    errors.at(expr.span(), format!("jitter is one of {list}"));
+    None
+}
+
+fn on(expr: Expr) -> On {
+    if let Expr::Path(p) = &expr {
+        if p.path.is_ident("transient") {
+            return On::Transient(p.span());
+        }
+        if p.path.is_ident("all") {
+            return On::All(p.span());
+        }
+    }
+    On::Classifier(expr)
+}
+
+/// Parses `#[idempotent(...)]`'s arguments.
+pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> IdempotentArgs {
+    let mut args = IdempotentArgs::default();
+    let parser = syn::meta::parser(|meta| {
+        let key = key_name(&meta);
+        let span = meta.path.span();
+        if !IDEMPOTENT_KEYS.contains(&key.as_str()) {
+            unknown(&key, span, IDEMPOTENT_KEYS, "idempotent", errors);
+            if meta.input.peek(syn::Token![=]) {
+                let _: Expr = meta.value()?.parse()?;
+            }
+            return Ok(());
+        }
+        let Some(expr) = value(&meta, &key, errors)? else { return Ok(()) };
+        match key.as_str() {
+            "key" => once(&mut args.key, &key, span, Some(expr), errors),
+            "ttl" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.ttl, &key, span, v, errors)
+            }
+            "lease" => {
+                let v = DurationArg::parse(expr, errors);
+                once(&mut args.lease, &key, span, v, errors)
+            }
+            "scope" => {
+                let v = scope(expr, errors);
+                once(&mut args.scope, &key, span, v, errors)
+            }
+            "fingerprint" => once(&mut args.fingerprint, &key, span, Some(expr), errors),
+            "store" => once(&mut args.store, &key, span, Some(expr), errors),
+            "in_progress" => {
+                let v = in_progress(expr, errors);
+                once(&mut args.in_progress, &key, span, v, errors)
+            }
+            "crate" => {
+                let v = crate_path(expr, errors);
+                once(&mut args.krate, &key, span, v, errors)
+            }
+            _ => unreachable!("every key in IDEMPOTENT_KEYS is handled"),
+        }
+        Ok(())
+    });
+    if let Err(e) = parser.parse2(tokens) {
+        errors.push(e);
+    }
+    args
+}
+
+fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
+            let v = s.value();
+            if v.is_empty() || v.contains(':') || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                errors.at(s.span(), "`scope` must be non-empty, without `:`, spaces or control characters, such as `scope = \"payments.charge\"`");
+                None
+            } else {
+                Some(s)
+            }
+        }
+        other => {
+            errors.at(other.span(), "`scope` takes a string literal, such as `scope = \"payments.charge\"`");
+            None
+        }
+    }
+}
+
+fn in_progress(expr: Expr, errors: &mut Errors) -> Option<InProgress> {
+    const HELP: &str = "`in_progress` is `fail` or `wait(\"10s\")`";
+    match expr {
+        Expr::Path(p) if p.path.is_ident("fail") => Some(InProgress::Fail),
+        Expr::Call(call) if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("wait")) => {
+            if call.args.len() != 1 {
+                errors.at(call.span(), format!("`wait` takes one duration; {HELP}"));
+                return None;
+            }
+            let arg = call.args.into_iter().next().expect("one argument");
+            DurationArg::parse(arg, errors).map(InProgress::Wait)
+        }
+        other => {
+            errors.at(other.span(), HELP);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_names() {
+        assert_eq!(nearest("attemps", RETRY_KEYS), Some("attempts"));
+        assert_eq!(nearest("jiter", RETRY_KEYS), Some("jitter"));
+        assert_eq!(nearest("deadletter", RETRY_KEYS), Some("dead_letter"));
+        assert_eq!(nearest("zzzzzz", RETRY_KEYS), None);
+        assert_eq!(nearest("ful", JITTERS), Some("full"));
+    }
+}

@@ -1,0 +1,318 @@
+//! The expansion. Both attributes go through [`attribute`]: whichever is written first finds the
+//! other among the function's attributes, takes it, and the pair expands once, idempotency
+//! outside, retry inside. No wrapper nests in another.
+
+use crate::args::{self, DurationArg, Errors, IdempotentArgs, InProgress, On, RetryArgs};
+use crate::validate;
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
+
+/// Which attribute is expanding.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Retry,
+    Idempotent,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Retry => "retry",
+            Kind::Idempotent => "idempotent",
+        }
+    }
+}
+
+/// Parses, validates and expands one attribute (and its sibling, when the function has both).
+/// On any error the function is emitted unchanged beside every error found, so one mistake does
+/// not cascade.
+pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            errors.at(
+                Span::call_site(),
+                format!("`#[{}]` goes on an `async fn` returning `Result`", kind.name()),
+            );
+            return quote!(#item).into_iter().chain(errors.into_compile_error()).collect();
+        }
+    };
+
+    let mut retry = None;
+    let mut idempotent = None;
+    let mut idempotent_span = Span::call_site();
+    match kind {
+        Kind::Retry => retry = Some(args::retry(args, &mut errors)),
+        Kind::Idempotent => idempotent = Some(args::idempotent(args, &mut errors)),
+    }
+    let mut kept = Vec::with_capacity(func.attrs.len());
+    for attr in std::mem::take(&mut func.attrs) {
+        match sibling(&attr) {
+            Some(Kind::Retry) if retry.is_some() => errors.at(
+                attr.span(),
+                format!("`#[retry]` is given twice on `{}`; merge their arguments into one", func.sig.ident),
+            ),
+            Some(Kind::Retry) => retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors)),
+            Some(Kind::Idempotent) if idempotent.is_some() => errors.at(
+                attr.span(),
+                format!("`#[idempotent]` is given twice on `{}`; merge their arguments into one", func.sig.ident),
+            ),
+            Some(Kind::Idempotent) => {
+                idempotent_span = attr.span();
+                idempotent = Some(args::idempotent(attr_args(&attr, &mut errors), &mut errors));
+            }
+            None => kept.push(attr),
+        }
+    }
+    func.attrs = kept;
+
+    validate::function(&func, kind.name(), &mut errors);
+    if let Some(r) = &retry {
+        validate::retry(r, &mut errors);
+    }
+    if let Some(i) = &idempotent {
+        validate::idempotent(&func, i, idempotent_span, &mut errors);
+    }
+    if !errors.is_empty() {
+        let errors = errors.into_compile_error();
+        return quote!(#func #errors);
+    }
+    expand(func, retry.as_ref(), idempotent.as_ref())
+}
+
+/// `#[retry]`, `#[jobguard::retry]`, `#[idempotent]`, `#[jobguard::idempotent]` (or under a
+/// re-exporting path that names `jobguard`).
+fn sibling(attr: &Attribute) -> Option<Kind> {
+    let path = attr.path();
+    let last = path.segments.last()?;
+    let ours = path.segments.len() == 1 || path.segments.iter().any(|s| s.ident == "jobguard");
+    match () {
+        _ if !ours => None,
+        _ if last.ident == "retry" => Some(Kind::Retry),
+        _ if last.ident == "idempotent" => Some(Kind::Idempotent),
+        _ => None,
+    }
+}
+
+fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
+    match &attr.meta {
+        Meta::Path(_) => TokenStream::new(),
+        Meta::List(list) => list.tokens.clone(),
+        Meta::NameValue(nv) => {
+            errors.at(nv.span(), "write the arguments in parentheses: `#[retry(attempts = 3)]`");
+            TokenStream::new()
+        }
+    }
+}
+
+// Input:
+//     #[idempotent(key = order_id)]
+//     #[retry(attempts = 5, base = "500ms")]
+//     async fn charge(order_id: &str) -> Result<Receipt, GatewayError> { body }
+//
+// Output:
+//     async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
+//         let __jobguard_key = ::jobguard::__private::key(&(order_id));
+//         ::jobguard::__private::Idempotent::new(concat!(module_path!(), "::", "charge"), &__jobguard_key)
+//             .run(async {
+//                 let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+//                     concat!(module_path!(), "::", "charge"),
+//                     ::jobguard::Policy::new().attempts(5).base(Duration::from_millis(500)),
+//                 )
+//                 .key(&__jobguard_key);
+//                 loop {
+//                     let __jobguard_attempt = __jobguard_retry.attempt(async { body }).await;
+//                     if let ControlFlow::Break(__jobguard_done) =
+//                         __jobguard_retry.settle(__jobguard_attempt, ::jobguard::__private::transient).await
+//                     {
+//                         break __jobguard_done;
+//                     }
+//                 }
+//             })
+//             .await
+//     }
+fn expand(func: ItemFn, retry: Option<&RetryArgs>, idempotent: Option<&IdempotentArgs>) -> TokenStream {
+    let krate = retry
+        .and_then(|r| r.krate.clone())
+        .or_else(|| idempotent.and_then(|i| i.krate.clone()))
+        .map(Path::into_token_stream)
+        .unwrap_or_else(|| quote!(::jobguard));
+    let ItemFn { attrs, vis, sig, block } = func;
+    let ReturnType::Type(_, ret) = &sig.output else { unreachable!("validated: returns Result") };
+    let name = sig.ident.to_string();
+    let job = quote!(::core::concat!(::core::module_path!(), "::", #name));
+    let body = attempt_block(&block, ret);
+
+    let outer = match (retry, idempotent) {
+        (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
+        (None, Some(i)) => idempotent_call(i, &krate, &job, ret, body),
+        (Some(r), Some(i)) => {
+            let inner = retry_loop(r, &krate, &job, ret, body, true);
+            idempotent_call(i, &krate, &job, ret, quote!(async { #inner }))
+        }
+        (None, None) => unreachable!("one attribute is expanding"),
+    };
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #outer
+        }
+    }
+}
+
+/// The body as one attempt: an `async` block in which `return` and `?` keep their meaning. The
+/// `if false { return <R> }` edge (tracing-attributes' trick) tells inference the block's output
+/// type, so `?` converts errors as it does in the function, and type errors land on the
+/// function's return type.
+fn attempt_block(block: &Block, ret: &Type) -> TokenStream {
+    let stmts = &block.stmts;
+    let edge = if contains_impl_trait(ret) {
+        quote!()
+    } else {
+        quote_spanned! {ret.span()=>
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::let_unit_value,
+                clippy::unreachable,
+                clippy::empty_loop,
+                clippy::needless_return
+            )]
+            if false {
+                let __jobguard_return: #ret = loop {};
+                return __jobguard_return;
+            }
+        }
+    };
+    quote! {
+        async {
+            #edge
+            #(#stmts)*
+        }
+    }
+}
+
+fn contains_impl_trait(ty: &Type) -> bool {
+    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+        || ty.to_token_stream().to_string().contains("impl ")
+}
+
+fn duration(arg: &DurationArg) -> TokenStream {
+    match arg {
+        DurationArg::Literal(d, span) => {
+            let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+            if nanos == 0 {
+                quote_spanned!(*span=> ::core::time::Duration::from_secs(#secs))
+            } else if nanos % 1_000_000 == 0 && secs < u64::MAX / 1000 {
+                let ms = secs * 1000 + u64::from(nanos / 1_000_000);
+                quote_spanned!(*span=> ::core::time::Duration::from_millis(#ms))
+            } else {
+                quote_spanned!(*span=> ::core::time::Duration::new(#secs, #nanos))
+            }
+        }
+        DurationArg::Expr(e) => quote!(#e),
+    }
+}
+
+fn retry_loop(r: &RetryArgs, krate: &TokenStream, job: &TokenStream, ret: &Type, body: TokenStream, keyed: bool) -> TokenStream {
+    let mut policy = quote!(#krate::Policy::new());
+    if let Some(a) = &r.attempts {
+        policy.extend(quote!(.attempts(#a)));
+    }
+    for (setter, arg) in [("base", &r.base), ("cap", &r.cap), ("budget", &r.budget), ("timeout", &r.timeout)] {
+        if let Some(arg) = arg {
+            let setter = Ident::new(setter, Span::call_site());
+            let d = duration(arg);
+            policy.extend(quote!(.#setter(#d)));
+        }
+    }
+    if let Some(j) = &r.jitter {
+        let variant = Ident::new(
+            match j.to_string().as_str() {
+                "none" => "None",
+                "full" => "Full",
+                "equal" => "Equal",
+                _ => "Decorrelated",
+            },
+            j.span(),
+        );
+        policy.extend(quote!(.jitter(#krate::Jitter::#variant)));
+    }
+    let mut state = quote!(#krate::__private::Retry::new(#job, #policy));
+    if keyed {
+        state.extend(quote!(.key(&__jobguard_key)));
+    }
+    if let Some(b) = &r.breaker {
+        state.extend(quote!(.breaker(&#b)));
+    }
+    if let Some(d) = &r.dead_letter {
+        state.extend(quote!(.dead_letter(&#d)));
+    }
+    let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
+    let method = Ident::new(if guarded { "attempt_guarded" } else { "attempt" }, ret.span());
+    let classify = match &r.on {
+        None => quote_spanned!(ret.span()=> #krate::__private::transient),
+        Some(On::Transient(span)) => {
+            let span = ret.span().join(*span).unwrap_or_else(|| ret.span());
+            quote_spanned!(span=> #krate::__private::transient)
+        }
+        Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
+        Some(On::Classifier(f)) => quote!(#f),
+    };
+    quote! {
+        let mut __jobguard_retry = #state;
+        loop {
+            let __jobguard_attempt = __jobguard_retry.#method(#body).await;
+            if let ::core::ops::ControlFlow::Break(__jobguard_done) =
+                __jobguard_retry.settle(__jobguard_attempt, #classify).await
+            {
+                break __jobguard_done;
+            }
+        }
+    }
+}
+
+fn idempotent_call(
+    i: &IdempotentArgs,
+    krate: &TokenStream,
+    job: &TokenStream,
+    ret: &Type,
+    work: TokenStream,
+) -> TokenStream {
+    let key = i.key.as_ref().expect("validated: key is present");
+    let scope = match &i.scope {
+        Some(s) => quote!(#s),
+        None => job.clone(),
+    };
+    let mut call = quote!(#krate::__private::Idempotent::new(#scope, &__jobguard_key));
+    if let Some(ttl) = &i.ttl {
+        let d = duration(ttl);
+        call.extend(quote!(.ttl(#d)));
+    }
+    if let Some(lease) = &i.lease {
+        let d = duration(lease);
+        call.extend(quote!(.lease(#d)));
+    }
+    match &i.in_progress {
+        Some(InProgress::Wait(d)) => {
+            let d = duration(d);
+            call.extend(quote!(.wait(#d)));
+        }
+        Some(InProgress::Fail) | None => {}
+    }
+    if let Some(fp) = &i.fingerprint {
+        call.extend(quote_spanned!(fp.span()=> .fingerprint(#krate::__private::fingerprint(&(#fp)))));
+    }
+    if let Some(store) = &i.store {
+        call.extend(quote!(.store(&#store)));
+    }
+    let run = Ident::new("run", ret.span());
+    quote! {
+        let __jobguard_key = #krate::__private::key(&(#key));
+        #call.#run(#work).await
+    }
+}

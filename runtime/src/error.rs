@@ -1,0 +1,73 @@
+//! The errors the runtime raises on its own.
+
+use std::fmt;
+use std::time::Duration;
+
+/// An error jobguard itself produced: a store that could not be reached, an open breaker, a cut
+/// attempt, a spent budget, a key reused with other arguments.
+///
+/// A job whose configuration lets the runtime fail on its own (a `timeout`, a `budget`, a
+/// `breaker`, or any `#[idempotent]`) needs `E: From<jobguard::Error>` so these errors can reach
+/// the caller in the job's own error type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another worker holds a live claim on this idempotency key. Transient: a redelivery after
+    /// the other worker finishes replays its result.
+    InProgress,
+    /// The key was used before with a different fingerprint (other arguments): never a silent
+    /// replay of someone else's result.
+    KeyReused,
+    /// The circuit breaker in front of the dependency is open.
+    CircuitOpen {
+        /// Time until the breaker lets a probe through.
+        retry_in: Duration,
+    },
+    /// One attempt ran longer than the policy's `timeout`.
+    Timeout,
+    /// The job's total `budget` ran out.
+    Budget,
+    /// The claim's lease lapsed before the result was stored; another worker may have run the job.
+    LeaseLost,
+    /// The idempotency store could not be reached or answered with an error.
+    Store(String),
+    /// A stored record could not be decoded.
+    Corrupt(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InProgress => f.write_str("another worker is running this job (idempotency key in progress)"),
+            Error::KeyReused => f.write_str("idempotency key reused with different arguments"),
+            Error::CircuitOpen { retry_in } => {
+                write!(f, "circuit breaker open; next probe in {retry_in:?}")
+            }
+            Error::Timeout => f.write_str("attempt timed out"),
+            Error::Budget => f.write_str("retry budget spent"),
+            Error::LeaseLost => f.write_str("idempotency lease lost before the result was stored"),
+            Error::Store(msg) => write!(f, "idempotency store unavailable: {msg}"),
+            Error::Corrupt(msg) => write!(f, "corrupt idempotency record: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for std::io::Error {
+    /// Lets `std::io::Error` jobs use `timeout`, `budget`, `breaker` and `#[idempotent]`: the
+    /// kind keeps the transient ones transient (`TimedOut`, `WouldBlock` for in-progress,
+    /// `ConnectionRefused` for an unreachable store).
+    fn from(error: Error) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &error {
+            Error::Timeout => ErrorKind::TimedOut,
+            Error::InProgress => ErrorKind::WouldBlock,
+            Error::Store(_) => ErrorKind::ConnectionRefused,
+            Error::KeyReused => ErrorKind::AlreadyExists,
+            Error::Corrupt(_) => ErrorKind::InvalidData,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, error)
+    }
+}

@@ -1,0 +1,84 @@
+//! Observer hooks: every attempt, retry delay, give-up, replay and breaker transition.
+
+use crate::{DeadLetter, Verdict};
+use std::fmt;
+use std::time::Duration;
+
+/// Something that happened to a job. Borrowed, so observing costs no allocation.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// An attempt is starting.
+    Attempt {
+        /// The job's name.
+        job: &'a str,
+        /// The idempotency key, when there is one.
+        key: Option<&'a str>,
+        /// The attempt number, from 1.
+        attempt: u32,
+    },
+    /// An attempt failed and the loop will wait `delay` before the next one.
+    Retry {
+        /// The job's name.
+        job: &'a str,
+        /// The idempotency key, when there is one.
+        key: Option<&'a str>,
+        /// The attempt that failed.
+        attempt: u32,
+        /// The wait before the next attempt, jitter applied.
+        delay: Duration,
+        /// What the failure said.
+        verdict: Verdict,
+        /// The failure.
+        error: &'a dyn fmt::Display,
+    },
+    /// The job succeeded after `attempts` attempts.
+    Succeeded {
+        /// The job's name.
+        job: &'a str,
+        /// The idempotency key, when there is one.
+        key: Option<&'a str>,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The job gave up; this letter goes to the sink.
+    DeadLetter(&'a DeadLetter),
+}
+
+/// A hook the runtime calls for every [`Event`]. Closures `Fn(&Event)` are observers.
+///
+/// ```
+/// use jobguard::{Event, Runtime};
+///
+/// let runtime = Runtime::builder()
+///     .observer(|event: &Event<'_>| {
+///         if let Event::Retry { job, delay, .. } = event {
+///             println!("{job}: retrying in {delay:?}");
+///         }
+///     })
+///     .build();
+/// # drop(runtime);
+/// ```
+pub trait Observer: Send + Sync {
+    /// Called synchronously, on the job's task: keep it quick.
+    fn on_event(&self, event: &Event<'_>);
+}
+
+impl<F: Fn(&Event<'_>) + Send + Sync> Observer for F {
+    fn on_event(&self, event: &Event<'_>) {
+        self(event)
+    }
+}
+
+/// The observer that ignores everything (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopObserver;
+
+impl Observer for NoopObserver {
+    fn on_event(&self, _: &Event<'_>) {}
+}
+
+/// Writes an error-level line to the log: `tracing` when that feature is on, else stderr.
+pub(crate) fn log_error(args: fmt::Arguments<'_>) {
+    eprintln!("{args}");
+}

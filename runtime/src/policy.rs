@@ -1,0 +1,188 @@
+//! The retry policy: how many attempts, on what curve, within what limits.
+
+use crate::Jitter;
+use std::time::Duration;
+
+/// A retry policy: attempts, the capped exponential curve, jitter, and the per-attempt `timeout`
+/// and total `budget`.
+///
+/// Built in `const` context, so a policy can live in a `const` or `static`:
+///
+/// ```
+/// use jobguard::{Jitter, Policy};
+/// use std::time::Duration;
+///
+/// const GATEWAY: Policy = Policy::new()
+///     .attempts(5)
+///     .base(Duration::from_millis(500))
+///     .cap(Duration::from_secs(8))
+///     .jitter(Jitter::None);
+///
+/// assert_eq!(GATEWAY.delay(1), Duration::from_millis(500));
+/// assert_eq!(GATEWAY.delay(4), Duration::from_secs(4));
+/// assert_eq!(GATEWAY.delay(9), Duration::from_secs(8)); // capped
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    pub(crate) attempts: u32,
+    pub(crate) base: Duration,
+    pub(crate) cap: Duration,
+    pub(crate) jitter: Jitter,
+    pub(crate) budget: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Policy {
+    /// The defaults: 5 attempts, base 500ms, cap 8s, full jitter, no timeout, no budget.
+    pub const fn new() -> Self {
+        Policy {
+            attempts: 5,
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(8),
+            jitter: Jitter::Full,
+            budget: None,
+            timeout: None,
+        }
+    }
+
+    /// Total attempts, the first included. `0` is taken as `1`: the job always runs once.
+    pub const fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = if attempts == 0 { 1 } else { attempts };
+        self
+    }
+
+    /// The delay before the first retry; each later one doubles it, up to `cap`.
+    pub const fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// The longest delay before jitter.
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// How delays are randomised.
+    pub const fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Total time for the job, measured from the start of the first attempt. No attempt starts
+    /// that could not start inside it (the loop gives up at once rather than sleep past it), and
+    /// an attempt still running when it runs out is cut and fails with
+    /// [`Error::Budget`](crate::Error::Budget).
+    pub const fn budget(mut self, budget: Duration) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The longest one attempt may run; a cut attempt fails with
+    /// [`Error::Timeout`](crate::Error::Timeout), which is transient.
+    pub const fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Total attempts, the first included.
+    pub const fn max_attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The configured jitter.
+    pub const fn jitter_kind(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// The configured per-attempt timeout.
+    pub const fn attempt_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The configured total budget.
+    pub const fn total_budget(&self) -> Option<Duration> {
+        self.budget
+    }
+
+    /// The delay before retry `retry` (counting from 1) before jitter:
+    /// `min(cap, base * 2^(retry - 1))`, saturating rather than overflowing.
+    pub const fn delay(&self, retry: u32) -> Duration {
+        let shift = retry.saturating_sub(1);
+        let grown = if shift >= 32 {
+            Duration::MAX
+        } else {
+            self.base.saturating_mul(1u32 << shift)
+        };
+        if grown.as_nanos() < self.cap.as_nanos() { grown } else { self.cap }
+    }
+
+    /// Runs `f` under this policy without any macro: the loop behind `#[retry]`.
+    ///
+    /// `f` is called with the attempt number (from 1). Failures are classified by
+    /// [`Transient`](crate::Transient); the give-up goes to the runtime's dead-letter sink, and
+    /// the last error is returned.
+    ///
+    /// ```
+    /// use jobguard::{Jitter, Policy};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let policy = Policy::new().attempts(3).jitter(Jitter::None);
+    /// let got = policy
+    ///     .run("fetch", async |attempt| {
+    ///         if attempt < 3 {
+    ///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    ///         } else {
+    ///             Ok(attempt)
+    ///         }
+    ///     })
+    ///     .await;
+    /// assert_eq!(got.unwrap(), 3);
+    /// # }
+    /// ```
+    pub async fn run<T, E, F>(&self, job: &str, mut f: F) -> Result<T, E>
+    where
+        F: AsyncFnMut(u32) -> Result<T, E>,
+        E: crate::Transient + From<crate::Error> + std::fmt::Display,
+    {
+        let mut retry = crate::retry::Retry::new(job, *self);
+        loop {
+            let attempt = retry.next_attempt();
+            let result = retry.attempt_guarded(f(attempt)).await;
+            if let core::ops::ControlFlow::Break(done) =
+                retry.settle(result, crate::Transient::verdict).await
+            {
+                return done;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curve_doubles_and_caps() {
+        let p = Policy::new();
+        let ms = |n| p.delay(n).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(5), ms(6)], [500, 1000, 2000, 4000, 8000, 8000]);
+        assert_eq!(p.delay(0), Duration::from_millis(500));
+        assert_eq!(p.delay(u32::MAX), Duration::from_secs(8));
+        let huge = Policy::new().base(Duration::MAX).cap(Duration::MAX);
+        assert_eq!(huge.delay(40), Duration::MAX);
+    }
+
+    #[test]
+    fn zero_attempts_is_one() {
+        assert_eq!(Policy::new().attempts(0).max_attempts(), 1);
+    }
+}

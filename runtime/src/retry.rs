@@ -1,0 +1,267 @@
+//! The retry loop: one attempt at a time, classified, delayed, given up on.
+//!
+//! [`Retry`] is the state of one job call. `#[retry]` expands to a `loop` over
+//! [`Retry::attempt`] and [`Retry::settle`]; [`Policy::run`](crate::Policy::run) is the same loop
+//! for closures. The success path allocates nothing and takes no lock.
+
+use crate::breaker::{CircuitBreaker, Permit};
+use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
+use crate::observe::Event;
+use crate::{Error, Policy, Runtime, Verdict};
+use core::ops::ControlFlow;
+use rand::rngs::SmallRng;
+use std::fmt::Display;
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// The state of one call of a retried job.
+pub struct Retry<'a> {
+    job: &'a str,
+    key: Option<&'a str>,
+    policy: Policy,
+    breaker: Option<&'a CircuitBreaker>,
+    sink: Option<&'a dyn DeadLetterSink>,
+    runtime: Runtime,
+    attempt: u32,
+    started: Option<(Instant, SystemTime)>,
+    last_started: Option<SystemTime>,
+    previous_delay: Duration,
+    rng: Option<SmallRng>,
+    permit: Option<Permit<'a>>,
+}
+
+/// Where a failed attempt's error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Body,
+    Timeout,
+    Budget,
+    CircuitOpen,
+}
+
+/// The result of one attempt, as [`Retry::settle`] takes it.
+#[must_use]
+pub struct Attempted<T, E> {
+    result: Result<T, E>,
+    origin: Origin,
+}
+
+impl<'a> Retry<'a> {
+    /// The state for one call of the job named `job`, under `policy`, with the runtime in scope.
+    pub fn new(job: &'a str, policy: Policy) -> Self {
+        Retry {
+            job,
+            key: None,
+            policy,
+            breaker: None,
+            sink: None,
+            runtime: Runtime::current(),
+            attempt: 0,
+            started: None,
+            last_started: None,
+            previous_delay: policy.base,
+            rng: None,
+            permit: None,
+        }
+    }
+
+    /// The idempotency key, carried into events and the dead letter.
+    pub fn key(mut self, key: &'a str) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// A breaker checked before every attempt.
+    pub fn breaker(mut self, breaker: &'a CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// The sink for this job's give-up, instead of the runtime's.
+    pub fn dead_letter(mut self, sink: &'a dyn DeadLetterSink) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// The number the next attempt will have, from 1.
+    pub fn next_attempt(&self) -> u32 {
+        self.attempt + 1
+    }
+
+    fn begin(&mut self) {
+        self.attempt += 1;
+        let wall = SystemTime::now();
+        if self.started.is_none() {
+            self.started = Some((Instant::now(), wall));
+        }
+        self.last_started = Some(wall);
+        self.runtime.inner.observer.on_event(&Event::Attempt {
+            job: self.job,
+            key: self.key,
+            attempt: self.attempt,
+        });
+    }
+
+    /// Runs one attempt of a job with no breaker, timeout or budget, so the runtime cannot fail
+    /// on its own and `E` needs nothing from jobguard.
+    pub async fn attempt<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        self.begin();
+        Attempted { result: attempt.await, origin: Origin::Body }
+    }
+
+    /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
+    /// not polled when the breaker refuses it.
+    pub async fn attempt_guarded<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: crate::__private::FromJobguard,
+    {
+        if let Some(breaker) = self.breaker {
+            match breaker.acquire() {
+                Ok(permit) => self.permit = Some(permit),
+                Err(retry_in) => {
+                    // Refused: no attempt is made or counted.
+                    return Attempted {
+                        result: Err(E::from(Error::CircuitOpen { retry_in })),
+                        origin: Origin::CircuitOpen,
+                    };
+                }
+            }
+        }
+        self.begin();
+        let start = self.started.map(|(s, _)| s).unwrap_or_else(Instant::now);
+        let now = Instant::now();
+        let budget_end = self.policy.budget.map(|b| start + b);
+        let timeout_end = self.policy.timeout.map(|t| now + t);
+        let (deadline, origin) = match (timeout_end, budget_end) {
+            (Some(t), Some(b)) if b < t => (Some(b), Origin::Budget),
+            (Some(t), _) => (Some(t), Origin::Timeout),
+            (None, Some(b)) => (Some(b), Origin::Budget),
+            (None, None) => (None, Origin::Body),
+        };
+        match deadline {
+            None => Attempted { result: attempt.await, origin: Origin::Body },
+            Some(at) => match tokio::time::timeout_at(at, attempt).await {
+                Ok(result) => Attempted { result, origin: Origin::Body },
+                Err(_) => {
+                    let error = if origin == Origin::Budget { Error::Budget } else { Error::Timeout };
+                    Attempted { result: Err(E::from(error)), origin }
+                }
+            },
+        }
+    }
+
+    /// Decides what follows an attempt: `Break` with the result to return (success, or the last
+    /// error after a give-up has been dead-lettered), or `Continue` after waiting out the delay.
+    pub async fn settle<T, E, V>(
+        &mut self,
+        attempted: Attempted<T, E>,
+        classify: impl FnOnce(&E) -> V,
+    ) -> ControlFlow<Result<T, E>>
+    where
+        E: Display,
+        V: Into<Verdict>,
+    {
+        let Attempted { result, origin } = attempted;
+        let error = match result {
+            Ok(value) => {
+                if let Some(permit) = self.permit.take() {
+                    permit.success();
+                }
+                self.runtime.inner.observer.on_event(&Event::Succeeded {
+                    job: self.job,
+                    key: self.key,
+                    attempts: self.attempt,
+                });
+                return ControlFlow::Break(Ok(value));
+            }
+            Err(error) => error,
+        };
+        // The runtime's own failures are classified by the runtime, whatever `E` says of them.
+        let verdict = match origin {
+            Origin::Body => classify(&error).into(),
+            Origin::Timeout => Verdict::Retry,
+            Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
+        };
+        if let Some(permit) = self.permit.take() {
+            if verdict.is_retryable() || origin == Origin::Budget {
+                permit.failure();
+            } // a permanent failure says nothing about the dependency's health: dropped, neutral
+        }
+        let give_up = match origin {
+            Origin::CircuitOpen => Some(GiveUp::CircuitOpen),
+            Origin::Budget => Some(GiveUp::Budget),
+            _ if verdict == Verdict::Fail => Some(GiveUp::Permanent),
+            _ if self.attempt >= self.policy.attempts => Some(GiveUp::Exhausted),
+            _ => None,
+        };
+        if let Some(reason) = give_up {
+            self.give_up(reason, &error).await;
+            return ControlFlow::Break(Err(error));
+        }
+        let delay = match verdict {
+            Verdict::RetryAfter(exact) => exact,
+            _ => self.jittered(self.attempt),
+        };
+        self.previous_delay = delay;
+        if let Some(budget) = self.policy.budget {
+            let start = self.started.map(|(s, _)| s).unwrap_or_else(Instant::now);
+            if Instant::now() + delay >= start + budget {
+                // The next attempt could not start inside the budget: give up now, not later.
+                self.give_up(GiveUp::Budget, &error).await;
+                return ControlFlow::Break(Err(error));
+            }
+        }
+        self.runtime.inner.observer.on_event(&Event::Retry {
+            job: self.job,
+            key: self.key,
+            attempt: self.attempt,
+            delay,
+            verdict,
+            error: &error,
+        });
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn jittered(&mut self, retry: u32) -> Duration {
+        let p = &self.policy;
+        let curve = p.delay(retry);
+        if !p.jitter.is_random() {
+            return curve;
+        }
+        let rng = self.rng.get_or_insert_with(|| self.runtime.rng());
+        p.jitter.apply(curve, self.previous_delay, p.base, p.cap, rng)
+    }
+
+    async fn give_up<E: Display>(&mut self, reason: GiveUp, error: &E) {
+        let now = SystemTime::now();
+        let first = self.started.map(|(_, w)| w).unwrap_or(now);
+        let letter = DeadLetter::new(
+            self.job,
+            self.key.map(str::to_owned),
+            reason,
+            self.attempt,
+            error.to_string(),
+            first,
+            self.last_started.unwrap_or(first),
+        );
+        self.runtime.inner.observer.on_event(&Event::DeadLetter(&letter));
+        let sent = match self.sink {
+            Some(sink) => sink.send(letter).await,
+            None => self.runtime.inner.dead_letters.send(letter).await,
+        };
+        if let Err(e) = sent {
+            crate::observe::log_error(format_args!(
+                "jobguard: job {} gave up ({reason}) but its dead letter was lost: {e}",
+                self.job
+            ));
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Runtime configuration: the dead-letter sink, the observer, the jitter seed (and, with
+//! `#[idempotent]`, the store) that attributes use when they are not given one.
+
+use crate::dead_letter::{DeadLetterSink, LogDeadLetters};
+use crate::observe::{NoopObserver, Observer};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, OnceLock};
+
+/// The configuration jobs run under.
+///
+/// A job uses, in order: the runtime of the enclosing [`Runtime::scope`], else the one made the
+/// process default with [`Runtime::install`], else the embedded default (dead letters written to
+/// the log and kept in memory, no observer, entropy-seeded jitter). `Clone` shares one runtime.
+///
+/// ```
+/// use jobguard::{MemoryDeadLetters, Runtime};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let letters = MemoryDeadLetters::new();
+/// let runtime = Runtime::builder().dead_letters(letters.clone()).seed(7).build();
+/// runtime.scope(async { /* jobs here send their give-ups to `letters` */ }).await;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
+    pub(crate) observer: Arc<dyn Observer>,
+    seed: Option<u64>,
+    draws: AtomicU64,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("seed", &self.inner.seed).finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Runtime`]; see [`Runtime::builder`].
+#[must_use]
+pub struct RuntimeBuilder {
+    dead_letters: Option<Arc<dyn DeadLetterSink>>,
+    observer: Option<Arc<dyn Observer>>,
+    seed: Option<u64>,
+}
+
+impl RuntimeBuilder {
+    /// The sink for give-ups of jobs without `dead_letter = ...`.
+    pub fn dead_letters<D: DeadLetterSink + 'static>(mut self, sink: D) -> Self {
+        self.dead_letters = Some(Arc::new(sink));
+        self
+    }
+
+    /// The observer for every event.
+    pub fn observer<O: Observer + 'static>(mut self, observer: O) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Seeds jitter, so that a run's delays are reproducible. Jobs draw in the order they first
+    /// retry; one job's draws are one stream.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The runtime.
+    pub fn build(self) -> Runtime {
+        Runtime {
+            inner: Arc::new(Inner {
+                dead_letters: self.dead_letters.unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
+                observer: self.observer.unwrap_or_else(|| Arc::new(NoopObserver)),
+                seed: self.seed,
+                draws: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+tokio::task_local! {
+    static SCOPED: Runtime;
+}
+
+static INSTALLED: OnceLock<Runtime> = OnceLock::new();
+static EMBEDDED: LazyLock<Runtime> = LazyLock::new(|| Runtime::builder().build());
+
+impl Runtime {
+    /// A builder with nothing set: every part defaults to the embedded one.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder { dead_letters: None, observer: None, seed: None }
+    }
+
+    /// Makes this runtime the process default. The first install wins: a second one is refused
+    /// and hands its runtime back.
+    pub fn install(self) -> Result<(), Runtime> {
+        INSTALLED.set(self)
+    }
+
+    /// Runs `fut` with this runtime in scope: every job it calls, on this task, uses it. Tests
+    /// use this to give each case its own sinks, observer and seed.
+    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+        SCOPED.scope(self.clone(), fut).await
+    }
+
+    /// The runtime a job started here would use.
+    pub fn current() -> Runtime {
+        SCOPED
+            .try_with(Runtime::clone)
+            .unwrap_or_else(|_| INSTALLED.get().unwrap_or(&EMBEDDED).clone())
+    }
+
+    /// The sink for give-ups of jobs without `dead_letter = ...`.
+    pub fn dead_letters(&self) -> &Arc<dyn DeadLetterSink> {
+        &self.inner.dead_letters
+    }
+
+    /// The observer.
+    pub fn observer(&self) -> &Arc<dyn Observer> {
+        &self.inner.observer
+    }
+
+    /// A fresh random stream for one job's jitter: seeded from the runtime's seed and the number
+    /// of streams handed out before, or from entropy when there is no seed.
+    pub(crate) fn rng(&self) -> SmallRng {
+        match self.inner.seed {
+            Some(seed) => {
+                let n = self.inner.draws.fetch_add(1, Ordering::Relaxed);
+                SmallRng::seed_from_u64(seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            }
+            None => SmallRng::from_rng(&mut rand::rng()),
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Support shared by the workspace's integration tests, examples and benchmarks. Not published.
+#![warn(missing_docs)]
