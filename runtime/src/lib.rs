@@ -38,6 +38,7 @@ pub mod observe;
 pub mod policy;
 mod retry;
 pub mod runtime;
+pub mod store;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use classify::{Transient, Verdict, http_verdict};
@@ -47,6 +48,7 @@ pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
+pub use store::{Claim, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

@@ -1,0 +1,1 @@
+//! The Redis store (feature `redis`). Placeholder: being written.
