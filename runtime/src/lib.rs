@@ -32,6 +32,7 @@
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
+pub mod idempotent;
 mod error;
 pub mod jitter;
 pub mod observe;
@@ -48,15 +49,17 @@ pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
+pub use store::memory::MemoryStore;
 pub use store::{Claim, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]
-pub use jobguard_macros::{Transient, retry};
+pub use jobguard_macros::{Transient, idempotent, retry};
 
 /// What expanded attributes call. Not public API: it changes without notice.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::idempotent::Idempotent;
     pub use crate::retry::Retry;
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
@@ -102,6 +105,30 @@ pub mod __private {
     pub fn all<E>(_: &E) -> Verdict {
         Verdict::Retry
     }
+
+    /// The stored form of an idempotency key: its `Display`.
+    #[inline]
+    pub fn key<K: core::fmt::Display + ?Sized>(key: &K) -> String {
+        key.to_string()
+    }
+
+    /// `fingerprint = EXPR`: a SHA-256 digest of the value's JSON form, stable across processes
+    /// and builds.
+    pub fn fingerprint<T: serde::Serialize + ?Sized>(value: &T) -> String {
+        use sha2::{Digest, Sha256};
+        let bytes = serde_json::to_vec(value).unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
+        let digest = Sha256::digest(&bytes);
+        digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Names the bound that `#[idempotent]` needs of the `Ok` type, in words.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be stored for replay",
+        label = "`#[idempotent]` stores the `Ok` value, so it needs `serde::Serialize + serde::de::DeserializeOwned`",
+        note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+    )]
+    pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
+    impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
     /// Names the bound that `timeout`, `budget` and `breaker` need, in words.
     #[diagnostic::on_unimplemented(

@@ -43,6 +43,50 @@ pub enum Event<'a> {
     },
     /// The job gave up; this letter goes to the sink.
     DeadLetter(&'a DeadLetter),
+    /// This call claimed its idempotency key and will run the job.
+    Claimed {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+    },
+    /// The key was completed before: the stored result is returned and the job does not run.
+    Replayed {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+    },
+    /// Another worker holds a live claim on the key.
+    InProgress {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+        /// Time left on the other worker's lease.
+        retry_in: Duration,
+    },
+    /// The job failed (or was cancelled): its claim was released so a redelivery can run it.
+    Released {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+    },
+    /// The claim's lease lapsed while this worker held it: another worker may run the job too.
+    LeaseLost {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+    },
+    /// The job succeeded but its result could not be stored.
+    StoreFailed {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+    },
 }
 
 /// A hook the runtime calls for every [`Event`]. Closures `Fn(&Event)` are observers.

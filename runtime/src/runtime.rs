@@ -3,6 +3,8 @@
 
 use crate::dead_letter::{DeadLetterSink, LogDeadLetters};
 use crate::observe::{NoopObserver, Observer};
+use crate::store::Store;
+use crate::store::memory::MemoryStore;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::future::Future;
@@ -12,8 +14,10 @@ use std::sync::{Arc, LazyLock, OnceLock};
 /// The configuration jobs run under.
 ///
 /// A job uses, in order: the runtime of the enclosing [`Runtime::scope`], else the one made the
-/// process default with [`Runtime::install`], else the embedded default (dead letters written to
-/// the log and kept in memory, no observer, entropy-seeded jitter). `Clone` shares one runtime.
+/// process default with [`Runtime::install`], else the embedded default (a process-wide
+/// [`MemoryStore`], dead letters written to the log and kept in memory, no observer,
+/// entropy-seeded jitter). A built runtime takes the embedded default for every part not set,
+/// so runtimes built without `.store(..)` share the one process-wide `MemoryStore`. `Clone` shares one runtime.
 ///
 /// ```
 /// use jobguard::{MemoryDeadLetters, Runtime};
@@ -31,6 +35,7 @@ pub struct Runtime {
 }
 
 pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
     pub(crate) observer: Arc<dyn Observer>,
     seed: Option<u64>,
@@ -46,12 +51,20 @@ impl std::fmt::Debug for Runtime {
 /// Builds a [`Runtime`]; see [`Runtime::builder`].
 #[must_use]
 pub struct RuntimeBuilder {
+    store: Option<Arc<dyn Store>>,
     dead_letters: Option<Arc<dyn DeadLetterSink>>,
     observer: Option<Arc<dyn Observer>>,
     seed: Option<u64>,
 }
 
 impl RuntimeBuilder {
+    /// The idempotency store for `#[idempotent]` jobs without `store = ...`. Default: one
+    /// process-wide [`MemoryStore`].
+    pub fn store<S: Store + 'static>(mut self, store: S) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
     /// The sink for give-ups of jobs without `dead_letter = ...`.
     pub fn dead_letters<D: DeadLetterSink + 'static>(mut self, sink: D) -> Self {
         self.dead_letters = Some(Arc::new(sink));
@@ -75,6 +88,7 @@ impl RuntimeBuilder {
     pub fn build(self) -> Runtime {
         Runtime {
             inner: Arc::new(Inner {
+                store: self.store.unwrap_or_else(|| EMBEDDED_STORE.clone()),
                 dead_letters: self.dead_letters.unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
                 observer: self.observer.unwrap_or_else(|| Arc::new(NoopObserver)),
                 seed: self.seed,
@@ -89,12 +103,13 @@ tokio::task_local! {
 }
 
 static INSTALLED: OnceLock<Runtime> = OnceLock::new();
+static EMBEDDED_STORE: LazyLock<Arc<dyn Store>> = LazyLock::new(|| Arc::new(MemoryStore::new()));
 static EMBEDDED: LazyLock<Runtime> = LazyLock::new(|| Runtime::builder().build());
 
 impl Runtime {
     /// A builder with nothing set: every part defaults to the embedded one.
     pub fn builder() -> RuntimeBuilder {
-        RuntimeBuilder { dead_letters: None, observer: None, seed: None }
+        RuntimeBuilder { store: None, dead_letters: None, observer: None, seed: None }
     }
 
     /// Makes this runtime the process default. The first install wins: a second one is refused
@@ -114,6 +129,11 @@ impl Runtime {
         SCOPED
             .try_with(Runtime::clone)
             .unwrap_or_else(|_| INSTALLED.get().unwrap_or(&EMBEDDED).clone())
+    }
+
+    /// The idempotency store for jobs without `store = ...`.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
     }
 
     /// The sink for give-ups of jobs without `dead_letter = ...`.

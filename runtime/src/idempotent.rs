@@ -1,0 +1,308 @@
+//! Idempotency: claim a key once, run the work inside the claim, store the result, replay it.
+//!
+//! [`Idempotent`] is what `#[idempotent]` expands to, and can be used without the macro:
+//!
+//! ```
+//! use jobguard::idempotent::Idempotent;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let charge = |order: &'static str| {
+//!     Idempotent::new("payments.charge", order).run(async move {
+//!         // the side effect runs at most once per key
+//!         Ok::<_, jobguard::Error>(format!("receipt for {order}"))
+//!     })
+//! };
+//! assert_eq!(charge("order-A").await.unwrap(), "receipt for order-A");
+//! assert_eq!(charge("order-A").await.unwrap(), "receipt for order-A"); // replayed
+//! # }
+//! ```
+//!
+//! # The window
+//!
+//! The result is stored after the work succeeded. If the store cannot take the write (retried a
+//! few times), the call still returns the work's `Ok` — the side effect did happen, and returning
+//! an error would make the queue deliver it again — and reports the failure at error level and as
+//! [`Event::StoreFailed`]. Until the claim's lease lapses, a redelivery sees
+//! `InProgress`; after it, a redelivery runs the work again. Keep that window short with a short
+//! `lease`, and make the side effect itself idempotent where the dependency allows it (pass the
+//! key on to a gateway that accepts idempotency keys).
+
+use crate::observe::{Event, log_error};
+use crate::store::{Claim, Store, StoreKey};
+use crate::{Error, Runtime};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The format version of stored records.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Default time a completed result is kept: 24 hours.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default claim lease: 30 seconds, renewed while the work runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// One idempotent call: the key, its namespace, and how to treat a key already claimed.
+#[must_use]
+pub struct Idempotent<'a> {
+    scope: Cow<'a, str>,
+    key: &'a str,
+    ttl: Duration,
+    lease: Duration,
+    wait: Option<Duration>,
+    fingerprint: Option<String>,
+    store: Option<Arc<dyn Store>>,
+}
+
+#[derive(Serialize)]
+struct RecordOut<'a, T> {
+    v: u32,
+    ok: &'a T,
+}
+
+#[derive(Deserialize)]
+struct RecordIn<T> {
+    v: u32,
+    ok: T,
+}
+
+impl<'a> Idempotent<'a> {
+    /// A call keyed by `key` in `scope`. A scope written as a Rust path (`my_crate::payments::charge`,
+    /// the attribute's default) is stored with `.` for `::`.
+    pub fn new(scope: &'a str, key: &'a str) -> Self {
+        let scope = if scope.contains("::") { Cow::Owned(scope.replace("::", ".")) } else { Cow::Borrowed(scope) };
+        Idempotent {
+            scope,
+            key,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            wait: None,
+            fingerprint: None,
+            store: None,
+        }
+    }
+
+    /// How long a completed result is replayed.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The claim's lease: how long a crashed worker can block the key. Renewed every third of it
+    /// while the work runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// When another worker holds the key, wait up to `limit` for its result instead of failing
+    /// with [`Error::InProgress`] at once.
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.wait = Some(limit);
+        self
+    }
+
+    /// A digest of the arguments: the same key with another fingerprint is [`Error::KeyReused`].
+    pub fn fingerprint(mut self, fingerprint: String) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The store, instead of the runtime's.
+    pub fn store<S: Store + Clone + 'static>(mut self, store: &S) -> Self {
+        self.store = Some(Arc::new(store.clone()));
+        self
+    }
+
+    /// Claims the key, then replays a stored result or runs `work` inside the claim.
+    ///
+    /// * Completed before: the stored `Ok` value, and `work` is not run.
+    /// * Claimed elsewhere: [`Error::InProgress`] (or the other run's result, with [`wait`](Self::wait)).
+    /// * Store unreachable: [`Error::Store`], and `work` is not run (fail closed).
+    /// * `work` fails, is cancelled or panics: the claim is released so a redelivery runs it again.
+    /// * `work` succeeds: the value is stored for the TTL and returned.
+    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+        T: crate::__private::Replayable,
+        E: crate::__private::FromJobguard,
+    {
+        let runtime = Runtime::current();
+        let store = self.store.clone().unwrap_or_else(|| runtime.inner.store.clone());
+        let key = StoreKey { scope: &self.scope, key: self.key };
+        let observe = |event: Event<'_>| runtime.inner.observer.on_event(&event);
+        let token = new_token();
+        let fingerprint = self.fingerprint.as_deref();
+
+        let deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
+        let mut poll = Duration::from_millis(10);
+        loop {
+            match store.claim(key, &token, fingerprint, self.lease).await.map_err(E::from)? {
+                Claim::Acquired => break,
+                Claim::Completed(bytes) => {
+                    let value = decode::<T>(&bytes).map_err(E::from)?;
+                    observe(Event::Replayed { scope: key.scope, key: key.key });
+                    return Ok(value);
+                }
+                Claim::KeyReused => return Err(E::from(Error::KeyReused)),
+                Claim::InProgress { retry_in } => {
+                    observe(Event::InProgress { scope: key.scope, key: key.key, retry_in });
+                    let now = tokio::time::Instant::now();
+                    match deadline {
+                        Some(end) if now < end => {
+                            let nap = poll.min(retry_in.max(Duration::from_millis(1))).min(end - now);
+                            tokio::time::sleep(nap).await;
+                            poll = (poll * 2).min(Duration::from_secs(1));
+                        }
+                        _ => return Err(E::from(Error::InProgress)),
+                    }
+                }
+            }
+        }
+        observe(Event::Claimed { scope: key.scope, key: key.key });
+
+        let mut guard = ReleaseOnDrop { store: Some(store.clone()), scope: key.scope.to_owned(), key: key.key.to_owned(), token: token.clone() };
+        let result = self.heartbeat(&*store, key, &token, work, &observe).await;
+        match result {
+            Ok(value) => {
+                guard.disarm();
+                self.finish(&*store, key, &token, value, &observe).await
+            }
+            Err(error) => {
+                guard.disarm();
+                release(&*store, key, &token).await;
+                observe(Event::Released { scope: key.scope, key: key.key });
+                Err(error)
+            }
+        }
+    }
+
+    /// Runs `work`, renewing the lease every third of it.
+    async fn heartbeat<T, E, F>(&self, store: &dyn Store, key: StoreKey<'_>, token: &str, work: F, observe: &impl Fn(Event<'_>)) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let mut work = pin!(work);
+        let every = self.lease / 3;
+        let mut lost = false;
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut work => return done,
+                _ = tokio::time::sleep(every), if !lost => {
+                    match store.renew(key, token, self.lease).await {
+                        Ok(()) => {}
+                        Err(Error::LeaseLost) => {
+                            lost = true;
+                            observe(Event::LeaseLost { scope: key.scope, key: key.key });
+                            log_error(format_args!("jobguard: lease on {}:{} lost while the job ran; another worker may run it too", key.scope, key.key));
+                        }
+                        // A store error: the lease still runs; try again next beat.
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores the value, retrying the write a few times.
+    async fn finish<T: Serialize, E: From<Error>>(&self, store: &dyn Store, key: StoreKey<'_>, token: &str, value: T, observe: &impl Fn(Event<'_>)) -> Result<T, E> {
+        let record = match serde_json::to_vec(&RecordOut { v: RECORD_VERSION, ok: &value }) {
+            Ok(r) => r,
+            Err(e) => {
+                log_error(format_args!("jobguard: result for {}:{} cannot be serialized, not stored: {e}", key.scope, key.key));
+                observe(Event::StoreFailed { scope: key.scope, key: key.key });
+                release(store, key, token).await;
+                return Ok(value);
+            }
+        };
+        let mut pause = Duration::from_millis(50);
+        for attempt in 1..=4 {
+            match store.complete(key, token, &record, self.ttl).await {
+                Ok(()) => return Ok(value),
+                Err(Error::LeaseLost) => {
+                    observe(Event::LeaseLost { scope: key.scope, key: key.key });
+                    log_error(format_args!(
+                        "jobguard: job {}:{} succeeded but its lease was lost before the result was stored; another worker may have run it",
+                        key.scope, key.key
+                    ));
+                    return Err(E::from(Error::LeaseLost));
+                }
+                Err(e) if attempt == 4 => {
+                    observe(Event::StoreFailed { scope: key.scope, key: key.key });
+                    log_error(format_args!(
+                        "jobguard: job {}:{} succeeded but its result could not be stored ({e}); a redelivery after the lease lapses will run it again",
+                        key.scope, key.key
+                    ));
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+            }
+        }
+        Ok(value)
+    }
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    #[derive(Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    let version: Version = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("unreadable record: {e}")))?;
+    if version.v != RECORD_VERSION {
+        return Err(Error::Corrupt(format!("record format version {} (this build reads {RECORD_VERSION})", version.v)));
+    }
+    let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("stored result does not decode as this job's type: {e}")))?;
+    debug_assert_eq!(record.v, RECORD_VERSION);
+    Ok(record.ok)
+}
+
+async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
+    for _ in 0..3 {
+        if store.release(key, token).await.is_ok() {
+            return;
+        }
+    }
+    log_error(format_args!("jobguard: claim on {}:{} could not be released; it lapses with its lease", key.scope, key.key));
+}
+
+fn new_token() -> String {
+    use rand::Rng;
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// Releases the claim when the work is cancelled (its future dropped) or panics.
+struct ReleaseOnDrop {
+    store: Option<Arc<dyn Store>>,
+    scope: String,
+    key: String,
+    token: String,
+}
+
+impl ReleaseOnDrop {
+    fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else { return };
+        let (scope, key, token) = (std::mem::take(&mut self.scope), std::mem::take(&mut self.key), std::mem::take(&mut self.token));
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    release(&*store, StoreKey { scope: &scope, key: &key }, &token).await;
+                });
+            }
+            Err(_) => log_error(format_args!("jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease")),
+        }
+    }
+}
