@@ -135,7 +135,7 @@ impl<'a> Idempotent<'a> {
         let runtime = Runtime::current();
         let store = self.store.clone().unwrap_or_else(|| runtime.inner.store.clone());
         let key = StoreKey { scope: &self.scope, key: self.key };
-        let observe = |event: Event<'_>| runtime.inner.observer.on_event(&event);
+        let observe = |event: Event<'_>| runtime.emit(&event);
         let token = new_token();
         let fingerprint = self.fingerprint.as_deref();
 

@@ -122,6 +122,11 @@ impl Observer for NoopObserver {
     fn on_event(&self, _: &Event<'_>) {}
 }
 
+/// The built-in integrations' view of every event (`metrics` counters, `tracing` events); a
+/// no-op without those features.
+#[inline(always)]
+pub(crate) fn record(_event: &Event<'_>) {}
+
 /// Writes an error-level line to the log: `tracing` when that feature is on, else stderr.
 pub(crate) fn log_error(args: fmt::Arguments<'_>) {
     eprintln!("{args}");

@@ -96,7 +96,7 @@ impl<'a> Retry<'a> {
             self.started = Some((Instant::now(), wall));
         }
         self.last_started = Some(wall);
-        self.runtime.inner.observer.on_event(&Event::Attempt {
+        self.runtime.emit(&Event::Attempt {
             job: self.job,
             key: self.key,
             attempt: self.attempt,
@@ -172,7 +172,7 @@ impl<'a> Retry<'a> {
                 if let Some(permit) = self.permit.take() {
                     permit.success();
                 }
-                self.runtime.inner.observer.on_event(&Event::Succeeded {
+                self.runtime.emit(&Event::Succeeded {
                     job: self.job,
                     key: self.key,
                     attempts: self.attempt,
@@ -216,7 +216,7 @@ impl<'a> Retry<'a> {
                 return ControlFlow::Break(Err(error));
             }
         }
-        self.runtime.inner.observer.on_event(&Event::Retry {
+        self.runtime.emit(&Event::Retry {
             job: self.job,
             key: self.key,
             attempt: self.attempt,
@@ -252,7 +252,7 @@ impl<'a> Retry<'a> {
             first,
             self.last_started.unwrap_or(first),
         );
-        self.runtime.inner.observer.on_event(&Event::DeadLetter(&letter));
+        self.runtime.emit(&Event::DeadLetter(&letter));
         let sent = match self.sink {
             Some(sink) => sink.send(letter).await,
             None => self.runtime.inner.dead_letters.send(letter).await,

@@ -146,6 +146,14 @@ impl Runtime {
         &self.inner.observer
     }
 
+    /// Sends `event` to the observer, and to the `metrics` and `tracing` integrations when those
+    /// features are on. Every event the runtime raises goes through here.
+    #[inline]
+    pub(crate) fn emit(&self, event: &crate::observe::Event<'_>) {
+        self.inner.observer.on_event(event);
+        crate::observe::record(event);
+    }
+
     /// A fresh random stream for one job's jitter: seeded from the runtime's seed and the number
     /// of streams handed out before, or from entropy when there is no seed.
     pub(crate) fn rng(&self) -> SmallRng {
