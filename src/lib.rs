@@ -1,2 +1,4 @@
 //! Support shared by the workspace's integration tests, examples and benchmarks. Not published.
 #![warn(missing_docs)]
+
+pub mod scenario;
