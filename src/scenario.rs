@@ -39,7 +39,9 @@ pub enum GatewayError {
 impl std::fmt::Display for GatewayError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GatewayError::Timeout { order_id, attempt } => write!(f, "gateway timeout on {order_id} (attempt {attempt})"),
+            GatewayError::Timeout { order_id, attempt } => {
+                write!(f, "gateway timeout on {order_id} (attempt {attempt})")
+            }
             GatewayError::Declined => f.write_str("card declined"),
             GatewayError::Jobguard(e) => e.fmt(f),
         }
@@ -88,10 +90,16 @@ impl Gateway {
         self.log(format!("{order_id} attempt {attempt}"));
         let recovers_on = if order_id == "order-A" { 3 } else { u32::MAX };
         if attempt < recovers_on {
-            return Err(GatewayError::Timeout { order_id: order_id.to_owned(), attempt });
+            return Err(GatewayError::Timeout {
+                order_id: order_id.to_owned(),
+                attempt,
+            });
         }
         self.state.lock().unwrap().charges.push(order_id.to_owned());
-        Ok(Receipt { order_id: order_id.to_owned(), attempts_used: attempt })
+        Ok(Receipt {
+            order_id: order_id.to_owned(),
+            attempts_used: attempt,
+        })
     }
 
     fn log(&self, line: String) {
@@ -104,7 +112,12 @@ impl Gateway {
 /// 0.5, 1.0, 2.0, 4.0.
 #[jobguard::idempotent(key = key, scope = "payments.charge")]
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none, on = transient)]
-pub async fn charge(gateway: &Gateway, order_id: &str, amount: u64, key: &str) -> Result<Receipt, GatewayError> {
+pub async fn charge(
+    gateway: &Gateway,
+    order_id: &str,
+    amount: u64,
+    key: &str,
+) -> Result<Receipt, GatewayError> {
     gateway.capture(order_id, amount).await
 }
 
@@ -131,7 +144,10 @@ pub struct Service {
 impl Service {
     /// Starts the worker on the current tokio runtime. Jobs use `store` and send their dead
     /// letters to `dead_letters`.
-    pub fn start<S: Store + Clone + 'static>(store: S, dead_letters: impl jobguard::DeadLetterSink + 'static) -> Service {
+    pub fn start<S: Store + Clone + 'static>(
+        store: S,
+        dead_letters: impl jobguard::DeadLetterSink + 'static,
+    ) -> Service {
         let gateway = Arc::new(Gateway::default());
         let orders: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let state = gateway.state.clone();
@@ -141,9 +157,15 @@ impl Service {
             .dead_letters(dead_letters)
             .observer(move |event: &Event<'_>| match event {
                 Event::Retry { delay, key, .. } => {
-                    let order = key.and_then(|k| seen.lock().unwrap().get(k).cloned()).unwrap_or_default();
+                    let order = key
+                        .and_then(|k| seen.lock().unwrap().get(k).cloned())
+                        .unwrap_or_default();
                     println!("    retrying {order} in {:.1}s", delay.as_secs_f64());
-                    state.lock().unwrap().backoff_delays.push(delay.as_secs_f64());
+                    state
+                        .lock()
+                        .unwrap()
+                        .backoff_delays
+                        .push(delay.as_secs_f64());
                 }
                 Event::Replayed { key, .. } => {
                     let order = seen.lock().unwrap().get(*key).cloned().unwrap_or_default();
@@ -174,9 +196,15 @@ impl Service {
         let worker = service.clone();
         tokio::spawn(async move {
             while let Some(job) = jobs.recv().await {
-                orders.lock().unwrap().insert(job.key.clone(), job.order_id.clone());
+                orders
+                    .lock()
+                    .unwrap()
+                    .insert(job.key.clone(), job.order_id.clone());
                 // A job's failure ends as a dead letter; nothing escapes into the service.
-                let _ = worker.runtime.scope(charge(&worker.gateway, &job.order_id, 100, &job.key)).await;
+                let _ = worker
+                    .runtime
+                    .scope(charge(&worker.gateway, &job.order_id, 100, &job.key))
+                    .await;
                 worker.idle.send_modify(|done| *done += 1);
             }
         });
@@ -191,7 +219,10 @@ impl Service {
                 keys.push(key.to_owned());
             }
         }
-        let _ = self.queue.send(Job { order_id: order_id.to_owned(), key: key.to_owned() });
+        let _ = self.queue.send(Job {
+            order_id: order_id.to_owned(),
+            key: key.to_owned(),
+        });
     }
 
     /// Waits until `n` jobs in all have finished.
@@ -220,9 +251,18 @@ async fn completed(store: &dyn Store, key: &str) -> Option<Receipt> {
     struct Record {
         ok: Receipt,
     }
-    let key = StoreKey { scope: "payments.charge", key };
-    match store.claim(key, "state-reader", None, std::time::Duration::from_secs(1)).await.ok()? {
-        jobguard::Claim::Completed(bytes) => serde_json::from_slice::<Record>(&bytes).ok().map(|r| r.ok),
+    let key = StoreKey {
+        scope: "payments.charge",
+        key,
+    };
+    match store
+        .claim(key, "state-reader", None, std::time::Duration::from_secs(1))
+        .await
+        .ok()?
+    {
+        jobguard::Claim::Completed(bytes) => {
+            serde_json::from_slice::<Record>(&bytes).ok().map(|r| r.ok)
+        }
         jobguard::Claim::Acquired => {
             let _ = store.release(key, "state-reader").await;
             None
@@ -238,7 +278,11 @@ pub fn queued(order_id: &str, key: &str) -> serde_json::Value {
 
 /// Runs the three requests of `SCENARIO.md` and returns the state once the work is done.
 pub async fn run_scenario(service: &Service) -> State {
-    for (order, key) in [("order-A", "idem-1"), ("order-A", "idem-1"), ("order-B", "idem-2")] {
+    for (order, key) in [
+        ("order-A", "idem-1"),
+        ("order-A", "idem-1"),
+        ("order-B", "idem-2"),
+    ] {
         println!("$ POST /charge/{order}?key={key}");
         println!("{}", queued(order, key));
         service.enqueue(order, key);

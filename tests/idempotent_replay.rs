@@ -41,26 +41,40 @@ struct Gateway {
 
 impl Gateway {
     fn new(fail_first: u32) -> Self {
-        Gateway { attempts: AtomicU32::new(0), fail_first }
+        Gateway {
+            attempts: AtomicU32::new(0),
+            fail_first,
+        }
     }
     fn capture(&self, order_id: &str) -> Result<Receipt, GatewayError> {
         let n = self.attempts.fetch_add(1, Ordering::SeqCst) + 1;
         if n <= self.fail_first {
             return Err(GatewayError::Timeout);
         }
-        Ok(Receipt { order_id: order_id.to_owned(), attempts_used: n })
+        Ok(Receipt {
+            order_id: order_id.to_owned(),
+            attempts_used: n,
+        })
     }
 }
 
 #[jobguard::idempotent(key = key)]
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none)]
-async fn idempotency_outside(gateway: &Gateway, order_id: &str, key: &str) -> Result<Receipt, GatewayError> {
+async fn idempotency_outside(
+    gateway: &Gateway,
+    order_id: &str,
+    key: &str,
+) -> Result<Receipt, GatewayError> {
     gateway.capture(order_id)
 }
 
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none)]
 #[jobguard::idempotent(key = key)]
-async fn retry_written_first(gateway: &Gateway, order_id: &str, key: &str) -> Result<Receipt, GatewayError> {
+async fn retry_written_first(
+    gateway: &Gateway,
+    order_id: &str,
+    key: &str,
+) -> Result<Receipt, GatewayError> {
     gateway.capture(order_id)
 }
 
@@ -99,12 +113,29 @@ async fn idempotency_wraps_retry_in_either_order_and_a_replay_runs_zero_attempts
         };
         let first = rt.scope(call()).await.unwrap();
         let second = rt.scope(call()).await.unwrap();
-        assert_eq!(first, Receipt { order_id: "order-A".into(), attempts_used: 3 }, "{order}");
+        assert_eq!(
+            first,
+            Receipt {
+                order_id: "order-A".into(),
+                attempts_used: 3
+            },
+            "{order}"
+        );
         assert_eq!(second, first, "{order}: replayed");
-        assert_eq!(gateway.attempts.load(Ordering::SeqCst), 3, "{order}: charged once");
+        assert_eq!(
+            gateway.attempts.load(Ordering::SeqCst),
+            3,
+            "{order}: charged once"
+        );
         assert_eq!(
             *events.lock().unwrap(),
-            ["claimed idem-1", "attempt 1", "attempt 2", "attempt 3", "replayed idem-1"],
+            [
+                "claimed idem-1",
+                "attempt 1",
+                "attempt 2",
+                "attempt 3",
+                "replayed idem-1"
+            ],
             "{order}: the key is checked once, outside the loop; the replay runs no attempt"
         );
     }
@@ -114,11 +145,17 @@ async fn idempotency_wraps_retry_in_either_order_and_a_replay_runs_zero_attempts
 async fn a_failed_job_releases_its_claim_and_a_redelivery_runs_again() {
     let (rt, events, letters) = runtime();
     let gateway = Gateway::new(5);
-    let err = rt.scope(idempotency_outside(&gateway, "order-B", "idem-2")).await.unwrap_err();
+    let err = rt
+        .scope(idempotency_outside(&gateway, "order-B", "idem-2"))
+        .await
+        .unwrap_err();
     assert!(matches!(err, GatewayError::Timeout));
     assert_eq!(letters.letters()[0].key.as_deref(), Some("idem-2"));
     // released, so the redelivery claims it again and (the gateway now healthy) succeeds
-    let ok = rt.scope(idempotency_outside(&gateway, "order-B", "idem-2")).await.unwrap();
+    let ok = rt
+        .scope(idempotency_outside(&gateway, "order-B", "idem-2"))
+        .await
+        .unwrap();
     assert_eq!(ok.attempts_used, 6);
     let ev = events.lock().unwrap();
     assert_eq!(ev.iter().filter(|e| *e == "claimed idem-2").count(), 2);

@@ -75,7 +75,11 @@ impl<'a> Idempotent<'a> {
     /// A call keyed by `key` in `scope`. A scope written as a Rust path (`my_crate::payments::charge`,
     /// the attribute's default) is stored with `.` for `::`.
     pub fn new(scope: &'a str, key: &'a str) -> Self {
-        let scope = if scope.contains("::") { Cow::Owned(scope.replace("::", ".")) } else { Cow::Borrowed(scope) };
+        let scope = if scope.contains("::") {
+            Cow::Owned(scope.replace("::", "."))
+        } else {
+            Cow::Borrowed(scope)
+        };
         Idempotent {
             scope,
             key,
@@ -133,8 +137,14 @@ impl<'a> Idempotent<'a> {
         E: crate::__private::FromJobguard,
     {
         let runtime = Runtime::current();
-        let store = self.store.clone().unwrap_or_else(|| runtime.inner.store.clone());
-        let key = StoreKey { scope: &self.scope, key: self.key };
+        let store = self
+            .store
+            .clone()
+            .unwrap_or_else(|| runtime.inner.store.clone());
+        let key = StoreKey {
+            scope: &self.scope,
+            key: self.key,
+        };
         let observe = |event: Event<'_>| runtime.emit(&event);
         let token = new_token();
         let fingerprint = self.fingerprint.as_deref();
@@ -142,20 +152,33 @@ impl<'a> Idempotent<'a> {
         let deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
         let mut poll = Duration::from_millis(10);
         loop {
-            match store.claim(key, &token, fingerprint, self.lease).await.map_err(E::from)? {
+            match store
+                .claim(key, &token, fingerprint, self.lease)
+                .await
+                .map_err(E::from)?
+            {
                 Claim::Acquired => break,
                 Claim::Completed(bytes) => {
                     let value = decode::<T>(&bytes).map_err(E::from)?;
-                    observe(Event::Replayed { scope: key.scope, key: key.key });
+                    observe(Event::Replayed {
+                        scope: key.scope,
+                        key: key.key,
+                    });
                     return Ok(value);
                 }
                 Claim::KeyReused => return Err(E::from(Error::KeyReused)),
                 Claim::InProgress { retry_in } => {
-                    observe(Event::InProgress { scope: key.scope, key: key.key, retry_in });
+                    observe(Event::InProgress {
+                        scope: key.scope,
+                        key: key.key,
+                        retry_in,
+                    });
                     let now = tokio::time::Instant::now();
                     match deadline {
                         Some(end) if now < end => {
-                            let nap = poll.min(retry_in.max(Duration::from_millis(1))).min(end - now);
+                            let nap = poll
+                                .min(retry_in.max(Duration::from_millis(1)))
+                                .min(end - now);
                             tokio::time::sleep(nap).await;
                             poll = (poll * 2).min(Duration::from_secs(1));
                         }
@@ -164,9 +187,18 @@ impl<'a> Idempotent<'a> {
                 }
             }
         }
-        observe(Event::Claimed { scope: key.scope, key: key.key });
+        observe(Event::Claimed {
+            scope: key.scope,
+            key: key.key,
+        });
 
-        let mut guard = ReleaseOnDrop { store: Some(store.clone()), scope: key.scope.to_owned(), key: key.key.to_owned(), token: token.clone() };
+        let mut guard = ReleaseOnDrop {
+            store: Some(store.clone()),
+            runtime: runtime.clone(),
+            scope: key.scope.to_owned(),
+            key: key.key.to_owned(),
+            token: token.clone(),
+        };
         let result = self.heartbeat(&*store, key, &token, work, &observe).await;
         match result {
             Ok(value) => {
@@ -176,14 +208,24 @@ impl<'a> Idempotent<'a> {
             Err(error) => {
                 guard.disarm();
                 release(&*store, key, &token).await;
-                observe(Event::Released { scope: key.scope, key: key.key });
+                observe(Event::Released {
+                    scope: key.scope,
+                    key: key.key,
+                });
                 Err(error)
             }
         }
     }
 
     /// Runs `work`, renewing the lease every third of it.
-    async fn heartbeat<T, E, F>(&self, store: &dyn Store, key: StoreKey<'_>, token: &str, work: F, observe: &impl Fn(Event<'_>)) -> Result<T, E>
+    async fn heartbeat<T, E, F>(
+        &self,
+        store: &dyn Store,
+        key: StoreKey<'_>,
+        token: &str,
+        work: F,
+        observe: &impl Fn(Event<'_>),
+    ) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
     {
@@ -211,12 +253,28 @@ impl<'a> Idempotent<'a> {
     }
 
     /// Stores the value, retrying the write a few times.
-    async fn finish<T: Serialize, E: From<Error>>(&self, store: &dyn Store, key: StoreKey<'_>, token: &str, value: T, observe: &impl Fn(Event<'_>)) -> Result<T, E> {
-        let record = match serde_json::to_vec(&RecordOut { v: RECORD_VERSION, ok: &value }) {
+    async fn finish<T: Serialize, E: From<Error>>(
+        &self,
+        store: &dyn Store,
+        key: StoreKey<'_>,
+        token: &str,
+        value: T,
+        observe: &impl Fn(Event<'_>),
+    ) -> Result<T, E> {
+        let record = match serde_json::to_vec(&RecordOut {
+            v: RECORD_VERSION,
+            ok: &value,
+        }) {
             Ok(r) => r,
             Err(e) => {
-                log_error(format_args!("jobguard: result for {}:{} cannot be serialized, not stored: {e}", key.scope, key.key));
-                observe(Event::StoreFailed { scope: key.scope, key: key.key });
+                log_error(format_args!(
+                    "jobguard: result for {}:{} cannot be serialized, not stored: {e}",
+                    key.scope, key.key
+                ));
+                observe(Event::StoreFailed {
+                    scope: key.scope,
+                    key: key.key,
+                });
                 release(store, key, token).await;
                 return Ok(value);
             }
@@ -226,7 +284,10 @@ impl<'a> Idempotent<'a> {
             match store.complete(key, token, &record, self.ttl).await {
                 Ok(()) => return Ok(value),
                 Err(Error::LeaseLost) => {
-                    observe(Event::LeaseLost { scope: key.scope, key: key.key });
+                    observe(Event::LeaseLost {
+                        scope: key.scope,
+                        key: key.key,
+                    });
                     log_error(format_args!(
                         "jobguard: job {}:{} succeeded but its lease was lost before the result was stored; another worker may have run it",
                         key.scope, key.key
@@ -234,7 +295,10 @@ impl<'a> Idempotent<'a> {
                     return Err(E::from(Error::LeaseLost));
                 }
                 Err(e) if attempt == 4 => {
-                    observe(Event::StoreFailed { scope: key.scope, key: key.key });
+                    observe(Event::StoreFailed {
+                        scope: key.scope,
+                        key: key.key,
+                    });
                     log_error(format_args!(
                         "jobguard: job {}:{} succeeded but its result could not be stored ({e}); a redelivery after the lease lapses will run it again",
                         key.scope, key.key
@@ -255,11 +319,19 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     struct Version {
         v: u32,
     }
-    let version: Version = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("unreadable record: {e}")))?;
+    let version: Version = serde_json::from_slice(bytes)
+        .map_err(|e| Error::Corrupt(format!("unreadable record: {e}")))?;
     if version.v != RECORD_VERSION {
-        return Err(Error::Corrupt(format!("record format version {} (this build reads {RECORD_VERSION})", version.v)));
+        return Err(Error::Corrupt(format!(
+            "record format version {} (this build reads {RECORD_VERSION})",
+            version.v
+        )));
     }
-    let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| Error::Corrupt(format!("stored result does not decode as this job's type: {e}")))?;
+    let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| {
+        Error::Corrupt(format!(
+            "stored result does not decode as this job's type: {e}"
+        ))
+    })?;
     debug_assert_eq!(record.v, RECORD_VERSION);
     Ok(record.ok)
 }
@@ -270,7 +342,10 @@ async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
             return;
         }
     }
-    log_error(format_args!("jobguard: claim on {}:{} could not be released; it lapses with its lease", key.scope, key.key));
+    log_error(format_args!(
+        "jobguard: claim on {}:{} could not be released; it lapses with its lease",
+        key.scope, key.key
+    ));
 }
 
 fn new_token() -> String {
@@ -281,6 +356,7 @@ fn new_token() -> String {
 /// Releases the claim when the work is cancelled (its future dropped) or panics.
 struct ReleaseOnDrop {
     store: Option<Arc<dyn Store>>,
+    runtime: Runtime,
     scope: String,
     key: String,
     token: String,
@@ -294,15 +370,32 @@ impl ReleaseOnDrop {
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else { return };
-        let (scope, key, token) = (std::mem::take(&mut self.scope), std::mem::take(&mut self.key), std::mem::take(&mut self.token));
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let (scope, key, token) = (
+            std::mem::take(&mut self.scope),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        let runtime = self.runtime.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    release(&*store, StoreKey { scope: &scope, key: &key }, &token).await;
+                    let key = StoreKey {
+                        scope: &scope,
+                        key: &key,
+                    };
+                    release(&*store, key, &token).await;
+                    runtime.emit(&Event::Released {
+                        scope: key.scope,
+                        key: key.key,
+                    });
                 });
             }
-            Err(_) => log_error(format_args!("jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease")),
+            Err(_) => log_error(format_args!(
+                "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
+            )),
         }
     }
 }

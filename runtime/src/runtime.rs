@@ -44,7 +44,9 @@ pub(crate) struct Inner {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("seed", &self.inner.seed).finish_non_exhaustive()
+        f.debug_struct("Runtime")
+            .field("seed", &self.inner.seed)
+            .finish_non_exhaustive()
     }
 }
 
@@ -89,7 +91,9 @@ impl RuntimeBuilder {
         Runtime {
             inner: Arc::new(Inner {
                 store: self.store.unwrap_or_else(|| EMBEDDED_STORE.clone()),
-                dead_letters: self.dead_letters.unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
+                dead_letters: self
+                    .dead_letters
+                    .unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
                 observer: self.observer.unwrap_or_else(|| Arc::new(NoopObserver)),
                 seed: self.seed,
                 draws: AtomicU64::new(0),
@@ -109,7 +113,12 @@ static EMBEDDED: LazyLock<Runtime> = LazyLock::new(|| Runtime::builder().build()
 impl Runtime {
     /// A builder with nothing set: every part defaults to the embedded one.
     pub fn builder() -> RuntimeBuilder {
-        RuntimeBuilder { store: None, dead_letters: None, observer: None, seed: None }
+        RuntimeBuilder {
+            store: None,
+            dead_letters: None,
+            observer: None,
+            seed: None,
+        }
     }
 
     /// Makes this runtime the process default. The first install wins: a second one is refused

@@ -68,7 +68,9 @@ impl Default for MemoryStore {
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryStore").field("capacity", &self.capacity()).finish_non_exhaustive()
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.capacity())
+            .finish_non_exhaustive()
     }
 }
 
@@ -110,7 +112,11 @@ impl MemoryStore {
         let now = Instant::now();
         let shard = lock(self.shard(key));
         match shard.get(&owned(key)) {
-            Some(Entry { state: State::Completed { record }, expires, .. }) if *expires > now => Some(record.clone()),
+            Some(Entry {
+                state: State::Completed { record },
+                expires,
+                ..
+            }) if *expires > now => Some(record.clone()),
             _ => None,
         }
     }
@@ -122,7 +128,13 @@ impl MemoryStore {
         &self.inner.shards[(h.finish() as usize) % SHARDS]
     }
 
-    fn claim_now(&self, key: StoreKey<'_>, token: &str, fingerprint: Option<&str>, lease: Duration) -> Result<Claim, Error> {
+    fn claim_now(
+        &self,
+        key: StoreKey<'_>,
+        token: &str,
+        fingerprint: Option<&str>,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
         let now = Instant::now();
         let mut shard = lock(self.shard(key));
         let id = owned(key);
@@ -134,7 +146,9 @@ impl MemoryStore {
             }
             return Ok(match &entry.state {
                 State::Completed { record } => Claim::Completed(record.clone()),
-                State::Claimed { .. } => Claim::InProgress { retry_in: entry.expires - now },
+                State::Claimed { .. } => Claim::InProgress {
+                    retry_in: entry.expires - now,
+                },
             });
         }
         if !shard.contains_key(&id) && shard.len() >= self.inner.per_shard {
@@ -149,7 +163,9 @@ impl MemoryStore {
         shard.insert(
             id,
             Entry {
-                state: State::Claimed { token: token.to_owned() },
+                state: State::Claimed {
+                    token: token.to_owned(),
+                },
                 expires: now + lease,
                 fingerprint: fingerprint.map(str::to_owned),
             },
@@ -158,7 +174,12 @@ impl MemoryStore {
     }
 
     /// Runs `f` on `key`'s entry if `token` holds a live claim on it.
-    fn with_claim<R>(&self, key: StoreKey<'_>, token: &str, f: impl FnOnce(&mut HashMap<(String, String), Entry>, (String, String)) -> R) -> Option<R> {
+    fn with_claim<R>(
+        &self,
+        key: StoreKey<'_>,
+        token: &str,
+        f: impl FnOnce(&mut HashMap<(String, String), Entry>, (String, String)) -> R,
+    ) -> Option<R> {
         let now = Instant::now();
         let mut shard = lock(self.shard(key));
         let id = owned(key);
@@ -177,14 +198,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Store for MemoryStore {
-    fn claim<'a>(&'a self, key: StoreKey<'a>, token: &'a str, fingerprint: Option<&'a str>, lease: Duration) -> StoreFuture<'a, Claim> {
-        Box::pin(std::future::ready(self.claim_now(key, token, fingerprint, lease)))
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        Box::pin(std::future::ready(self.claim_now(
+            key,
+            token,
+            fingerprint,
+            lease,
+        )))
     }
 
-    fn complete<'a>(&'a self, key: StoreKey<'a>, token: &'a str, record: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
         let done = self.with_claim(key, token, |shard, id| {
             if let Some(e) = shard.get_mut(&id) {
-                e.state = State::Completed { record: record.to_vec() };
+                e.state = State::Completed {
+                    record: record.to_vec(),
+                };
                 e.expires = Instant::now() + ttl;
             }
         });
@@ -196,7 +236,12 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn renew<'a>(&'a self, key: StoreKey<'a>, token: &'a str, lease: Duration) -> StoreFuture<'a, ()> {
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
         let done = self.with_claim(key, token, |shard, id| {
             if let Some(e) = shard.get_mut(&id) {
                 e.expires = Instant::now() + lease;
@@ -210,7 +255,10 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
 
-    const K: StoreKey<'static> = StoreKey { scope: "s", key: "k" };
+    const K: StoreKey<'static> = StoreKey {
+        scope: "s",
+        key: "k",
+    };
     const LEASE: Duration = Duration::from_secs(30);
 
     fn claim(s: &MemoryStore, key: StoreKey<'_>, token: &str) -> Claim {
@@ -223,11 +271,18 @@ mod tests {
         assert_eq!(claim(&s, K, "old"), Claim::Acquired);
         tokio::time::advance(LEASE).await;
         assert_eq!(claim(&s, K, "new"), Claim::Acquired);
-        assert_eq!(s.complete(K, "old", b"x", LEASE).await, Err(Error::LeaseLost));
+        assert_eq!(
+            s.complete(K, "old", b"x", LEASE).await,
+            Err(Error::LeaseLost)
+        );
         assert_eq!(s.renew(K, "old", LEASE).await, Err(Error::LeaseLost));
         s.release(K, "old").await.unwrap();
-        assert!(matches!(claim(&s, K, "third"), Claim::InProgress { retry_in } if retry_in == LEASE));
-        s.complete(K, "new", b"ok", Duration::from_secs(5)).await.unwrap();
+        assert!(
+            matches!(claim(&s, K, "third"), Claim::InProgress { retry_in } if retry_in == LEASE)
+        );
+        s.complete(K, "new", b"ok", Duration::from_secs(5))
+            .await
+            .unwrap();
         assert_eq!(claim(&s, K, "fourth"), Claim::Completed(b"ok".to_vec()));
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(claim(&s, K, "fifth"), Claim::Acquired, "ttl honoured");
@@ -247,23 +302,59 @@ mod tests {
             }
         }
         assert!(!won.is_empty() && won.len() <= SHARDS);
-        assert_eq!(refused, keys.len() - won.len(), "no room: refused, not forgotten");
+        assert_eq!(
+            refused,
+            keys.len() - won.len(),
+            "no room: refused, not forgotten"
+        );
         for k in &won {
             // still held: no live claim was evicted to make room
-            assert!(matches!(claim(&s, StoreKey { scope: "s", key: k }, "u"), Claim::InProgress { .. }));
+            assert!(matches!(
+                claim(&s, StoreKey { scope: "s", key: k }, "u"),
+                Claim::InProgress { .. }
+            ));
         }
         tokio::time::advance(LEASE).await;
         // expired claims make room again
-        let fresh: usize = keys.iter().filter(|k| matches!(s.claim_now(StoreKey { scope: "t", key: k }, "t", None, LEASE), Ok(Claim::Acquired))).count();
+        let fresh: usize = keys
+            .iter()
+            .filter(|k| {
+                matches!(
+                    s.claim_now(StoreKey { scope: "t", key: k }, "t", None, LEASE),
+                    Ok(Claim::Acquired)
+                )
+            })
+            .count();
         assert!(fresh > 0 && fresh <= SHARDS);
     }
 
     #[tokio::test]
     async fn fingerprints_and_scopes() {
         let s = MemoryStore::new();
-        assert_eq!(s.claim_now(K, "a", Some("f1"), LEASE).unwrap(), Claim::Acquired);
-        assert_eq!(s.claim_now(K, "b", Some("f2"), LEASE).unwrap(), Claim::KeyReused);
-        assert!(matches!(s.claim_now(K, "b", Some("f1"), LEASE).unwrap(), Claim::InProgress { .. }));
-        assert_eq!(s.claim_now(StoreKey { scope: "other", key: "k" }, "c", None, LEASE).unwrap(), Claim::Acquired);
+        assert_eq!(
+            s.claim_now(K, "a", Some("f1"), LEASE).unwrap(),
+            Claim::Acquired
+        );
+        assert_eq!(
+            s.claim_now(K, "b", Some("f2"), LEASE).unwrap(),
+            Claim::KeyReused
+        );
+        assert!(matches!(
+            s.claim_now(K, "b", Some("f1"), LEASE).unwrap(),
+            Claim::InProgress { .. }
+        ));
+        assert_eq!(
+            s.claim_now(
+                StoreKey {
+                    scope: "other",
+                    key: "k"
+                },
+                "c",
+                None,
+                LEASE
+            )
+            .unwrap(),
+            Claim::Acquired
+        );
     }
 }

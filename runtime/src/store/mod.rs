@@ -76,35 +76,74 @@ pub trait Store: Send + Sync {
 
     /// Extends `token`'s claim to `lease` from now. [`Error::LeaseLost`](crate::Error::LeaseLost)
     /// when `token` no longer holds it.
-    fn renew<'a>(&'a self, key: StoreKey<'a>, token: &'a str, lease: Duration) -> StoreFuture<'a, ()>;
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()>;
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
-    fn claim<'a>(&'a self, key: StoreKey<'a>, token: &'a str, fingerprint: Option<&'a str>, lease: Duration) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
         (**self).claim(key, token, fingerprint, lease)
     }
-    fn complete<'a>(&'a self, key: StoreKey<'a>, token: &'a str, record: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
         (**self).complete(key, token, record, ttl)
     }
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         (**self).release(key, token)
     }
-    fn renew<'a>(&'a self, key: StoreKey<'a>, token: &'a str, lease: Duration) -> StoreFuture<'a, ()> {
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
         (**self).renew(key, token, lease)
     }
 }
 
 impl<S: Store + ?Sized> Store for &S {
-    fn claim<'a>(&'a self, key: StoreKey<'a>, token: &'a str, fingerprint: Option<&'a str>, lease: Duration) -> StoreFuture<'a, Claim> {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
         (**self).claim(key, token, fingerprint, lease)
     }
-    fn complete<'a>(&'a self, key: StoreKey<'a>, token: &'a str, record: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
         (**self).complete(key, token, record, ttl)
     }
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         (**self).release(key, token)
     }
-    fn renew<'a>(&'a self, key: StoreKey<'a>, token: &'a str, lease: Duration) -> StoreFuture<'a, ()> {
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
         (**self).renew(key, token, lease)
     }
 }

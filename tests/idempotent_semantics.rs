@@ -1,0 +1,466 @@
+//! `#[idempotent]` semantics on the in-memory store, under a paused clock: a key held elsewhere
+//! (`fail` and `wait`), the lease (renewal, a crashed holder, cancellation, panic, loss), fail
+//! closed, the stored-result write failing, fingerprints, corrupt records, TTL and scopes.
+
+use jobguard::store::StoreFuture;
+use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, oneshot};
+
+type Result<T> = std::result::Result<T, Error>;
+
+/// A `MemoryStore` whose operations can be made to fail.
+#[derive(Clone, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    down: Arc<AtomicBool>,
+    complete_fails: Arc<AtomicU32>,
+    lose_lease: Arc<AtomicBool>,
+}
+
+impl Store for Faulty {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fp: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::Store("connection refused".into())) });
+        }
+        self.inner.claim(key, token, fp, lease)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::LeaseLost) });
+        }
+        if self.complete_fails.load(Ordering::SeqCst) > 0 {
+            self.complete_fails.fetch_sub(1, Ordering::SeqCst);
+            return Box::pin(async { Err(Error::Store("write failed".into())) });
+        }
+        self.inner.complete(key, token, record, ttl)
+    }
+    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
+        self.inner.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::LeaseLost) });
+        }
+        self.inner.renew(key, token, lease)
+    }
+}
+
+/// Counts body runs; optionally holds the body until released.
+#[derive(Default)]
+struct Work {
+    runs: AtomicU32,
+    gate: Mutex<Option<oneshot::Receiver<()>>>,
+    started: Notify,
+}
+
+impl Work {
+    fn gated() -> (Arc<Work>, oneshot::Sender<()>) {
+        let (tx, rx) = oneshot::channel();
+        let work = Arc::new(Work {
+            gate: Mutex::new(Some(rx)),
+            ..Work::default()
+        });
+        (work, tx)
+    }
+    async fn run(&self, value: u32) -> Result<u32> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.started.notify_one();
+        let gate = self.gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            let _ = gate.await;
+        }
+        Ok(value)
+    }
+    fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+#[jobguard::idempotent(key = key)]
+async fn fail_fast(work: &Work, key: &str, value: u32) -> Result<u32> {
+    work.run(value).await
+}
+
+#[jobguard::idempotent(key = key, in_progress = wait("10s"))]
+async fn waits(work: &Work, key: &str, value: u32) -> Result<u32> {
+    work.run(value).await
+}
+
+#[jobguard::idempotent(key = key, lease = "30s")]
+async fn leased(work: &Work, key: &str, value: u32) -> Result<u32> {
+    work.run(value).await
+}
+
+#[jobguard::idempotent(key = key, ttl = "1h")]
+async fn short_ttl(work: &Work, key: &str, value: u32) -> Result<u32> {
+    work.run(value).await
+}
+
+#[jobguard::idempotent(key = order_id, fingerprint = amount)]
+async fn fingerprinted(work: &Work, order_id: &str, amount: u32) -> Result<u32> {
+    work.run(amount).await
+}
+
+#[jobguard::idempotent(key = key)]
+async fn panics(key: &str) -> Result<u32> {
+    let _ = key;
+    panic!("the job's own bug");
+}
+
+mod elsewhere {
+    use super::*;
+    #[jobguard::idempotent(key = key)]
+    pub async fn fail_fast(work: &Work, key: &str, value: u32) -> Result<u32> {
+        work.run(value).await
+    }
+}
+
+/// A runtime on `store`, and a log of the idempotency events.
+fn runtime(store: impl Store + 'static) -> (Runtime, Arc<Mutex<Vec<String>>>, Arc<Notify>) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let released = Arc::new(Notify::new());
+    let (seen, rel) = (log.clone(), released.clone());
+    let rt = Runtime::builder()
+        .store(store)
+        .observer(move |e: &Event<'_>| {
+            let line = match e {
+                Event::Claimed { .. } => "claimed",
+                Event::Replayed { .. } => "replayed",
+                Event::InProgress { .. } => "in progress",
+                Event::Released { .. } => {
+                    rel.notify_one();
+                    "released"
+                }
+                Event::LeaseLost { .. } => "lease lost",
+                Event::StoreFailed { .. } => "store failed",
+                _ => return,
+            };
+            seen.lock().unwrap().push(line.to_owned());
+        })
+        .build();
+    (rt, log, released)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_held_elsewhere_fails_fast_with_in_progress_which_is_transient() {
+    let (rt, log, _) = runtime(MemoryStore::new());
+    let (work, open) = Work::gated();
+    let first = tokio::spawn(
+        rt.clone()
+            .scope_owned(fail_fast_owned(work.clone(), "k", 1)),
+    );
+    work.started.notified().await;
+    let second = rt.scope(fail_fast(&work, "k", 2)).await;
+    assert_eq!(second, Err(Error::InProgress));
+    assert_eq!(
+        jobguard::Transient::verdict(&Error::InProgress),
+        jobguard::Verdict::Retry
+    );
+    open.send(()).unwrap();
+    assert_eq!(first.await.unwrap(), Ok(1));
+    assert_eq!(work.runs(), 1);
+    assert_eq!(
+        rt.scope(fail_fast(&work, "k", 3)).await,
+        Ok(1),
+        "replays the first result"
+    );
+    assert_eq!(*log.lock().unwrap(), ["claimed", "in progress", "replayed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_replays_the_first_runs_result_or_gives_up_after_its_limit() {
+    let (rt, _, _) = runtime(MemoryStore::new());
+    let (work, open) = Work::gated();
+    let first = tokio::spawn(rt.clone().scope_owned(waits_owned(work.clone(), "k", 1)));
+    work.started.notified().await;
+    let second = tokio::spawn(rt.clone().scope_owned(waits_owned(work.clone(), "k", 2)));
+    tokio::time::sleep(Duration::from_secs(3)).await; // the first job takes 3s of (paused) time
+    open.send(()).unwrap();
+    assert_eq!(first.await.unwrap(), Ok(1));
+    assert_eq!(second.await.unwrap(), Ok(1), "waited, then replayed");
+    assert_eq!(work.runs(), 1);
+
+    let (work, _held) = Work::gated();
+    let holder = tokio::spawn(rt.clone().scope_owned(waits_owned(work.clone(), "k2", 1)));
+    work.started.notified().await;
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        rt.scope(waits(&work, "k2", 2)).await,
+        Err(Error::InProgress)
+    );
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    holder.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_renewed_while_the_work_runs() {
+    let store = MemoryStore::new();
+    let (rt, _, _) = runtime(store.clone());
+    let (work, open) = Work::gated();
+    let job = tokio::spawn(rt.clone().scope_owned(leased_owned(work.clone(), "k", 1)));
+    work.started.notified().await;
+    tokio::time::sleep(Duration::from_secs(95)).await; // three leases' worth
+    let key = StoreKey {
+        scope: scope_of("leased"),
+        key: "k",
+    };
+    assert!(matches!(
+        store
+            .claim(key, "other", None, Duration::from_secs(1))
+            .await,
+        Ok(Claim::InProgress { .. })
+    ));
+    open.send(()).unwrap();
+    assert_eq!(job.await.unwrap(), Ok(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_holder_blocks_the_key_for_one_lease_and_no_longer() {
+    let store = MemoryStore::new();
+    let (rt, _, _) = runtime(store.clone());
+    let key = StoreKey {
+        scope: scope_of("leased"),
+        key: "k",
+    };
+    // A worker claimed the key and died without cleanup.
+    assert_eq!(
+        store
+            .claim(key, "dead-worker", None, Duration::from_secs(30))
+            .await,
+        Ok(Claim::Acquired)
+    );
+    let work = Work::default();
+    tokio::time::sleep(Duration::from_millis(29_999)).await;
+    assert_eq!(
+        rt.scope(leased(&work, "k", 1)).await,
+        Err(Error::InProgress)
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(rt.scope(leased(&work, "k", 1)).await, Ok(1));
+    assert_eq!(work.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_job_releases_its_claim() {
+    let (rt, log, released) = runtime(MemoryStore::new());
+    let (work, _never) = Work::gated();
+    let job = tokio::spawn(
+        rt.clone()
+            .scope_owned(fail_fast_owned(work.clone(), "k", 1)),
+    );
+    work.started.notified().await;
+    job.abort();
+    released.notified().await;
+    let fresh = Work::default();
+    assert_eq!(
+        rt.scope(fail_fast(&fresh, "k", 2)).await,
+        Ok(2),
+        "the redelivery runs"
+    );
+    assert_eq!(*log.lock().unwrap(), ["claimed", "released", "claimed"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_job_releases_its_claim() {
+    let (rt, _, released) = runtime(MemoryStore::new());
+    let job = tokio::spawn(rt.clone().scope_owned(async { panics("k").await }));
+    assert!(job.await.unwrap_err().is_panic());
+    released.notified().await;
+    let key = StoreKey {
+        scope: scope_of("panics"),
+        key: "k",
+    };
+    assert_eq!(
+        rt.store()
+            .claim(key, "next", None, Duration::from_secs(1))
+            .await,
+        Ok(Claim::Acquired)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_completion_whose_lease_was_lost_is_lease_lost() {
+    let store = Faulty::default();
+    let (rt, log, _) = runtime(store.clone());
+    store.lose_lease.store(true, Ordering::SeqCst);
+    let work = Work::default();
+    assert_eq!(
+        rt.scope(fail_fast(&work, "k", 1)).await,
+        Err(Error::LeaseLost)
+    );
+    assert_eq!(work.runs(), 1);
+    assert_eq!(*log.lock().unwrap(), ["claimed", "lease lost"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_store_fails_closed_and_the_body_never_runs() {
+    let store = Faulty::default();
+    let (rt, _, _) = runtime(store.clone());
+    store.down.store(true, Ordering::SeqCst);
+    let work = Work::default();
+    assert!(matches!(
+        rt.scope(fail_fast(&work, "k", 1)).await,
+        Err(Error::Store(_))
+    ));
+    assert_eq!(work.runs(), 0);
+    store.down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        rt.scope(fail_fast(&work, "k", 1)).await,
+        Ok(1),
+        "recovers with the store"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_result_write_is_retried_then_reported_and_the_value_still_returned() {
+    let store = Faulty::default();
+    let (rt, log, _) = runtime(store.clone());
+    store.complete_fails.store(2, Ordering::SeqCst);
+    let work = Work::default();
+    assert_eq!(rt.scope(fail_fast(&work, "a", 1)).await, Ok(1));
+    assert_eq!(
+        rt.scope(fail_fast(&work, "a", 9)).await,
+        Ok(1),
+        "the third write landed: replayed"
+    );
+    store.complete_fails.store(100, Ordering::SeqCst);
+    assert_eq!(
+        rt.scope(fail_fast(&work, "b", 2)).await,
+        Ok(2),
+        "the side effect happened: Ok"
+    );
+    assert_eq!(
+        log.lock().unwrap().last().map(String::as_str),
+        Some("store failed")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_key_with_other_arguments_is_key_reused() {
+    let (rt, _, _) = runtime(MemoryStore::new());
+    let work = Work::default();
+    assert_eq!(
+        rt.scope(fingerprinted(&work, "order-A", 100)).await,
+        Ok(100)
+    );
+    assert_eq!(
+        rt.scope(fingerprinted(&work, "order-A", 100)).await,
+        Ok(100)
+    );
+    assert_eq!(
+        rt.scope(fingerprinted(&work, "order-A", 999)).await,
+        Err(Error::KeyReused)
+    );
+    assert_eq!(work.runs(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_record_is_corrupt_not_a_panic() {
+    let store = MemoryStore::new();
+    let (rt, _, _) = runtime(store.clone());
+    let key = StoreKey {
+        scope: scope_of("fail_fast"),
+        key: "k",
+    };
+    for garbage in [
+        &b"not json"[..],
+        br#"{"v":99,"ok":1}"#,
+        br#"{"v":1,"ok":"a string"}"#,
+    ] {
+        store
+            .claim(key, "t", None, Duration::from_secs(1))
+            .await
+            .unwrap();
+        store
+            .complete(key, "t", garbage, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let work = Work::default();
+        assert!(
+            matches!(
+                rt.scope(fail_fast(&work, "k", 1)).await,
+                Err(Error::Corrupt(_))
+            ),
+            "{garbage:?}"
+        );
+        assert_eq!(work.runs(), 0);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_is_replayed_for_its_ttl_then_the_key_runs_again() {
+    let (rt, _, _) = runtime(MemoryStore::new());
+    let work = Work::default();
+    assert_eq!(rt.scope(short_ttl(&work, "k", 1)).await, Ok(1));
+    tokio::time::sleep(Duration::from_secs(3599)).await;
+    assert_eq!(rt.scope(short_ttl(&work, "k", 2)).await, Ok(1));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(rt.scope(short_ttl(&work, "k", 3)).await, Ok(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_functions_keyed_by_the_same_value_never_collide() {
+    let (rt, _, _) = runtime(MemoryStore::new());
+    let work = Work::default();
+    assert_eq!(rt.scope(fail_fast(&work, "k", 1)).await, Ok(1));
+    assert_eq!(rt.scope(elsewhere::fail_fast(&work, "k", 2)).await, Ok(2));
+    assert_eq!(work.runs(), 2);
+}
+
+/// The default scope of a function in this file.
+fn scope_of(name: &str) -> &'static str {
+    Box::leak(format!("{}.{name}", module_path!().replace("::", ".")).into_boxed_str())
+}
+
+// Owned wrappers, so a job can be spawned.
+async fn fail_fast_owned(work: Arc<Work>, key: &'static str, value: u32) -> Result<u32> {
+    fail_fast(&work, key, value).await
+}
+async fn waits_owned(work: Arc<Work>, key: &'static str, value: u32) -> Result<u32> {
+    waits(&work, key, value).await
+}
+async fn leased_owned(work: Arc<Work>, key: &'static str, value: u32) -> Result<u32> {
+    leased(&work, key, value).await
+}
+
+trait ScopeOwned {
+    fn scope_owned<F: std::future::Future + Send + 'static>(
+        self,
+        fut: F,
+    ) -> impl std::future::Future<Output = F::Output> + Send + 'static
+    where
+        F::Output: Send;
+}
+
+impl ScopeOwned for Runtime {
+    fn scope_owned<F: std::future::Future + Send + 'static>(
+        self,
+        fut: F,
+    ) -> impl std::future::Future<Output = F::Output> + Send + 'static
+    where
+        F::Output: Send,
+    {
+        async move { self.scope(fut).await }
+    }
+}
