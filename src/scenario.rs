@@ -290,3 +290,34 @@ pub async fn run_scenario(service: &Service) -> State {
     service.finished(3).await;
     service.state().await
 }
+
+/// The HTTP face of the service: `POST /charge/{order_id}?key=K` queues a charge and answers at
+/// once; `GET /state` returns the state document.
+pub fn router(service: Service) -> axum::Router {
+    use axum::Json;
+    use axum::extract::{Path, Query, State as Shared};
+    use axum::routing::{get, post};
+
+    #[derive(Deserialize)]
+    struct KeyParam {
+        key: String,
+    }
+
+    async fn charge_route(
+        Shared(service): Shared<Service>,
+        Path(order_id): Path<String>,
+        Query(q): Query<KeyParam>,
+    ) -> Json<serde_json::Value> {
+        service.enqueue(&order_id, &q.key);
+        Json(queued(&order_id, &q.key))
+    }
+
+    async fn state_route(Shared(service): Shared<Service>) -> Json<State> {
+        Json(service.state().await)
+    }
+
+    axum::Router::new()
+        .route("/charge/{order_id}", post(charge_route))
+        .route("/state", get(state_route))
+        .with_state(service)
+}
