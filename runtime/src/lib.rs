@@ -54,7 +54,104 @@ pub use store::{Claim, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]
-pub use jobguard_macros::{Transient, idempotent, retry};
+pub use jobguard_macros::Transient;
+
+/// Retries an `async fn` returning `Result` on failures that can succeed on a second try.
+///
+/// ```
+/// use jobguard::Transient;
+///
+/// #[derive(Debug, Transient)]
+/// enum GatewayError {
+///     #[transient]
+///     Timeout,
+///     Declined,
+/// }
+/// # impl std::fmt::Display for GatewayError {
+/// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { write!(f, "{self:?}") }
+/// # }
+///
+/// #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = full, on = transient)]
+/// async fn capture(order_id: &str) -> Result<u64, GatewayError> {
+///     # let _ = order_id;
+///     Ok(100)
+/// }
+/// ```
+///
+/// Arguments (all optional, any order): `attempts`, `base`, `cap`, `jitter`
+/// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
+/// `budget`, `timeout`, `breaker`, `dead_letter`, `crate`. The README's table gives each one.
+///
+/// `return` and `?` in the body end one attempt, not the whole call; the body runs again on a
+/// retry, so it must not move a parameter it needs next time (clone it inside). The future is
+/// `Send` whenever the body's is.
+///
+/// # Equivalent code without the attribute
+///
+/// ```
+/// # use jobguard::{Jitter, Policy};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// const POLICY: Policy = Policy::new().attempts(5).jitter(Jitter::Full);
+/// let receipt: Result<u64, std::io::Error> = POLICY
+///     .run("payments::capture", async |_attempt| Ok(100))
+///     .await;
+/// # assert_eq!(receipt.unwrap(), 100);
+/// # }
+/// ```
+///
+/// The expansion itself is one inline loop over the runtime's `Retry` state: see the README.
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use jobguard_macros::retry;
+
+/// Makes an `async fn` safe to run twice: the key is claimed once, the result stored, and every
+/// redelivery replays it without running the body.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Receipt {
+///     order_id: String,
+/// }
+///
+/// #[jobguard::idempotent(key = order_id, scope = "payments.charge", ttl = "24h", lease = "30s")]
+/// async fn charge(order_id: &str, amount: u64) -> Result<Receipt, jobguard::Error> {
+///     # let _ = amount;
+///     Ok(Receipt { order_id: order_id.to_owned() })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let first = charge("order-A", 100).await.unwrap();
+/// let again = charge("order-A", 100).await.unwrap(); // replayed: the body did not run
+/// assert_eq!(first.order_id, again.order_id);
+/// # }
+/// ```
+///
+/// Arguments: `key` (required), `scope`, `ttl`, `lease`, `fingerprint`, `store`,
+/// `in_progress = fail | wait("10s")`, `crate`. Written with `#[retry]`, in either order, the key
+/// is checked once and the retry loop runs inside the claim.
+///
+/// The default `scope` is the function's module path and name: moving or renaming the function
+/// changes it, and with it every stored key. Jobs whose keys must outlive a refactor pin
+/// `scope = "..."`.
+///
+/// # Equivalent code without the attribute
+///
+/// ```
+/// # use jobguard::idempotent::Idempotent;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let order_id = "order-A";
+/// let receipt: Result<String, jobguard::Error> = Idempotent::new("payments.charge", order_id)
+///     .run(async { Ok(format!("receipt for {order_id}")) })
+///     .await;
+/// # assert!(receipt.is_ok());
+/// # }
+/// ```
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use jobguard_macros::idempotent;
 
 /// What expanded attributes call. Not public API: it changes without notice.
 #[doc(hidden)]
