@@ -1,4 +1,5 @@
 //! Support shared by the workspace's integration tests, examples and benchmarks. Not published.
 #![warn(missing_docs)]
 
+pub mod redis;
 pub mod scenario;

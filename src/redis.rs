@@ -1,0 +1,266 @@
+//! A private `redis-server` per test: started on a free loopback port in its own temporary
+//! directory, with persistence off, killed when dropped.
+//!
+//! ```no_run
+//! use jobguard_workspace::redis::RedisServer;
+//!
+//! let Some(server) = RedisServer::start() else { return }; // skipped: no redis-server
+//! println!("{}", server.url()); // redis://127.0.0.1:PORT/
+//! ```
+//!
+//! The binary is `$JOBGUARD_REDIS_SERVER`, else `redis-server` on `PATH`. Without one,
+//! [`RedisServer::start`] prints why the test is skipped and returns `None`, unless
+//! `JOBGUARD_REQUIRE_REDIS=1` (as in CI), where it panics instead. It never uses port 6379 or
+//! a server it did not start.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Set to `1` to make a missing `redis-server` a test failure rather than a skip.
+pub const REQUIRE_ENV: &str = "JOBGUARD_REQUIRE_REDIS";
+/// Names the `redis-server` binary to run, instead of searching `PATH`.
+pub const BINARY_ENV: &str = "JOBGUARD_REDIS_SERVER";
+
+/// How long a server may take to answer after it was spawned.
+const READY_WITHIN: Duration = Duration::from_secs(15);
+
+/// A `redis-server` this process started and owns. Dropping it kills the server and removes its
+/// directory.
+#[derive(Debug)]
+pub struct RedisServer {
+    binary: PathBuf,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers, or returns `None`
+    /// (after printing why) when no `redis-server` binary is found.
+    ///
+    /// # Panics
+    ///
+    /// When no binary is found and `JOBGUARD_REQUIRE_REDIS=1`, or when the server does not come
+    /// up (the message carries the end of its log).
+    pub fn start() -> Option<RedisServer> {
+        let Some(binary) = find_binary() else {
+            let why = format!(
+                "no redis-server binary: set {BINARY_ENV} or put redis-server on PATH \
+                 (Debian: apt-get install redis-server)"
+            );
+            if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
+                panic!("{REQUIRE_ENV}=1 but {why}");
+            }
+            eprintln!("skipping: {why}");
+            return None;
+        };
+        let dir = unique_dir();
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let mut server = RedisServer {
+            binary,
+            port: 0,
+            dir,
+            child: None,
+        };
+        // A port found free can be taken before the server binds it; then try another.
+        for _ in 0..10 {
+            server.port = free_port();
+            if server.spawn_and_wait() {
+                return Some(server);
+            }
+        }
+        panic!(
+            "redis-server did not start on any of 10 ports; its log ends:\n{}",
+            server.log_tail()
+        );
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The loopback port the server listens on; it keeps it across [`restart`](Self::restart).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server (SIGKILL: no shutdown, no save) and waits for it to exit. Its data is
+    /// lost, as persistence is off.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server if it runs, and starts a fresh one on the same port.
+    ///
+    /// # Panics
+    ///
+    /// When the port cannot be bound again or the server does not answer in time.
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + READY_WITHIN;
+        while Instant::now() < deadline {
+            if self.spawn_and_wait() {
+                return;
+            }
+        }
+        panic!(
+            "redis-server did not restart on port {}; its log ends:\n{}",
+            self.port,
+            self.log_tail()
+        );
+    }
+
+    /// Spawns the server on `self.port` and polls until it answers as the process we spawned;
+    /// `false` when it exited (the port was taken) or did not answer in time.
+    fn spawn_and_wait(&mut self) -> bool {
+        let log = self.dir.join("redis.log");
+        let child = Command::new(&self.binary)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--daemonize", "no", "--databases", "1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.binary.display()));
+        let pid = child.id();
+        self.child = Some(child);
+        let deadline = Instant::now() + READY_WITHIN;
+        while Instant::now() < deadline {
+            let child = self.child.as_mut().expect("spawned above");
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return false;
+            }
+            if answering_pid(self.port) == Some(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop();
+        false
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A command that runs one test of the current test binary in a child process:
+/// `current_exe() TEST --exact --nocapture --include-ignored --test-threads=1`. Set an
+/// environment variable on it to select the child's role.
+///
+/// # Panics
+///
+/// When the current executable cannot be found.
+pub fn rerun_test(test: &str) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        test,
+        "--exact",
+        "--nocapture",
+        "--include-ignored",
+        "--test-threads=1",
+    ]);
+    cmd
+}
+
+fn find_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(BINARY_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
+        .map(|dir| dir.join("redis-server"))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn unique_dir() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    std::env::temp_dir().join(format!("jobguard-redis-{}-{n}-{nanos}", std::process::id()))
+}
+
+/// A loopback port that was free a moment ago, never 6379.
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        if port != 6379 {
+            return port;
+        }
+    }
+}
+
+/// The `process_id` that the server on `port` reports in `INFO server`, if one answers.
+fn answering_pid(port: u16) -> Option<u32> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream
+        .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .ok()?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        reply.extend_from_slice(&buf[..n]);
+        // A bulk reply: `$LEN\r\n` then LEN bytes and `\r\n`; anything else (`-LOADING`) is not ready.
+        if reply[0] != b'$' {
+            return None;
+        }
+        let Some(eol) = reply.windows(2).position(|w| w == b"\r\n") else {
+            continue;
+        };
+        let len: usize = std::str::from_utf8(&reply[1..eol]).ok()?.parse().ok()?;
+        if reply.len() >= eol + 2 + len {
+            let text = String::from_utf8_lossy(&reply[eol + 2..eol + 2 + len]);
+            return text
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|pid| pid.trim().parse().ok());
+        }
+    }
+}
