@@ -111,10 +111,8 @@ fn two_hundred_keys_four_processes_one_winner_each() {
     for (i, lines) in outputs.into_iter().enumerate() {
         for line in lines {
             let line = line.expect("child stdout");
-            if let Some(rest) = marked(&line) {
-                if let Some(k) = rest.strip_prefix("won ") {
-                    won.push((format!("process-{i}"), k.parse().unwrap()));
-                }
+            if let Some(k) = marked(&line).and_then(|said| said.strip_prefix("won ")) {
+                won.push((format!("process-{i}"), k.parse().unwrap()));
             }
         }
     }
