@@ -88,6 +88,15 @@ async fn release_frees_the_key_only_for_its_holder() {
     let k = key("k");
     assert_eq!(store.claim(k, "t1", None, LONG).await, Ok(Claim::Acquired));
     store.release(k, "intruder").await.unwrap();
+    // Nor a token that the holder's starts with, or one that starts with the holder's.
+    for other in ["t", "t1:", "t10", ""] {
+        store.release(k, other).await.unwrap();
+        assert_eq!(store.renew(k, other, LONG).await, Err(Error::LeaseLost));
+        assert_eq!(
+            store.complete(k, other, b"r", DAY).await,
+            Err(Error::LeaseLost)
+        );
+    }
     assert!(matches!(
         store.claim(k, "t2", None, LONG).await,
         Ok(Claim::InProgress { .. })
@@ -256,6 +265,16 @@ async fn a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatche
         store.claim(n, "t2", Some("fp-z"), LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
+    // A fingerprint that reads like the "none" marker is still a fingerprint.
+    let m = key("marker-fp");
+    assert_eq!(
+        store.claim(m, "t1", Some("n"), LONG).await,
+        Ok(Claim::Acquired)
+    );
+    assert_eq!(
+        store.claim(m, "t2", Some("1:n"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
     // An empty fingerprint is a fingerprint, not an absent one.
     let e = key("empty-fp");
     assert_eq!(
@@ -275,59 +294,35 @@ async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic() {
     };
     let store = connect(&server).await;
     let rk = |k: &str| RedisStore::redis_key(key(k));
+    let set = |name: &str, value: &[u8]| redis::cmd("SET").arg(rk(name)).arg(value).clone();
     let cases: Vec<(&str, redis::Cmd)> = vec![
+        ("garbage", set("garbage", b"garbage")),
+        ("an empty string", set("empty", b"")),
         (
-            "a string",
-            redis::cmd("SET").arg(rk("string")).arg("garbage").clone(),
+            "a hash",
+            redis::cmd("HSET").arg(rk("hash")).arg(&["v", "1"]).clone(),
         ),
         (
             "a list",
             redis::cmd("RPUSH").arg(rk("list")).arg("x").clone(),
         ),
+        ("a future version", set("v2", b"jg2/dn{}")),
+        ("an unknown state", set("state", b"jg1/xn")),
+        ("a claim without a token", set("no-token", b"jg1/cn")),
         (
-            "a future version",
-            redis::cmd("HSET")
-                .arg(rk("v2"))
-                .arg(&["v", "2", "s", "d", "r", "{}"])
-                .clone(),
+            "a token longer than the record",
+            set("short", b"jg1/c99:tok"),
         ),
+        ("a malformed fingerprint", set("bad-fp", b"jg1/d7:fp{}")),
         (
-            "foreign fields",
-            redis::cmd("HSET")
-                .arg(rk("foreign"))
-                .arg(&["name", "x"])
-                .clone(),
+            "trailing bytes after a claim",
+            set("trailing", b"jg1/c3:tokn!"),
         ),
-        (
-            "no result",
-            redis::cmd("HSET")
-                .arg(rk("no-result"))
-                .arg(&["v", "1", "s", "d"])
-                .clone(),
-        ),
-        (
-            "an unknown state",
-            redis::cmd("HSET")
-                .arg(rk("state"))
-                .arg(&["v", "1", "s", "?"])
-                .clone(),
-        ),
-        (
-            "a claim without expiry",
-            redis::cmd("HSET")
-                .arg(rk("forever"))
-                .arg(&["v", "1", "s", "c", "t", "x"])
-                .clone(),
-        ),
+        ("a claim without an expiry", set("forever", b"jg1/c3:tokn")),
     ];
     let names = [
-        "string",
-        "list",
-        "v2",
-        "foreign",
-        "no-result",
-        "state",
-        "forever",
+        "garbage", "empty", "hash", "list", "v2", "state", "no-token", "short", "bad-fp",
+        "trailing", "forever",
     ];
     for ((what, mut cmd), name) in cases.into_iter().zip(names) {
         let _: redis::Value = raw(&store, &mut cmd).await;

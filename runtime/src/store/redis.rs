@@ -30,19 +30,20 @@
 //!
 //! # Records
 //!
-//! One Redis hash per key, whose expiry is the lease while claimed and the TTL once completed:
+//! One Redis string per key, whose expiry is the lease while claimed and the TTL once completed.
+//! It starts with `jg` and the format version, then `/` and the state; its variable-length
+//! fields are written `<length>:<bytes>`, and an absent fingerprint as `n`:
 //!
-//! | field | value |
+//! | state | value |
 //! |---|---|
-//! | `v` | the format version, `1` |
-//! | `s` | `c` while claimed, `d` once completed |
-//! | `t` | the claim's token (claimed only) |
-//! | `f` | the fingerprint, when the claim gave one |
-//! | `r` | the completed result's bytes, opaque to the store (completed only) |
+//! | claimed | `jg1/c` token fingerprint, e.g. `jg1/c5:tok-15:fp-ab` or `jg1/c5:tok-1n` |
+//! | completed | `jg1/d` fingerprint, then the result's bytes to the end, opaque to the store |
 //!
-//! A key that holds anything else (another type, another version, a hash without these fields, a
-//! claim without an expiry) makes [`claim`](Store::claim) fail with
-//! [`Error::Corrupt`](crate::Error::Corrupt), and counts as "not held" for the token checks.
+//! A string rather than a hash, so that claiming a free key is a single `SET NX PX` inside the
+//! script, and completing it one `GET` and one `SET PX`. A value that is anything else (another
+//! type, another version, a malformed field, a claim without an expiry) makes
+//! [`claim`](Store::claim) fail with [`Error::Corrupt`], counts as "not
+//! held" for the token checks, and is left in place for an operator to inspect.
 //!
 //! # Semantics
 //!
@@ -57,8 +58,8 @@
 //!   reused key is [`KeyReused`](Claim::KeyReused) whether it is claimed or completed.
 //! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
 //!   while `token` holds the claim. Otherwise `complete` and `renew` fail with
-//!   [`Error::LeaseLost`](crate::Error::LeaseLost) and `release` does nothing.
-//! * A server that cannot be reached gives [`Error::Store`](crate::Error::Store) (so the job does
+//!   [`Error::LeaseLost`] and `release` does nothing.
+//! * A server that cannot be reached gives [`Error::Store`] (so the job does
 //!   not run: fail closed). The connection manager reconnects in the background, so the same
 //!   store works again once the server is back.
 
@@ -174,11 +175,11 @@ impl RedisStore {
         fingerprint: Option<&str>,
         lease: Duration,
     ) -> Result<Claim, Error> {
+        let fingerprint = Field(fingerprint);
         let reply: Value = CLAIM
             .key(Self::redis_key(key))
-            .arg(token)
-            .arg(if fingerprint.is_some() { "1" } else { "0" })
-            .arg(fingerprint.unwrap_or(""))
+            .arg(format!("{CLAIMED}{}{fingerprint}", Field(Some(token))))
+            .arg(fingerprint.to_string())
             .arg(millis(lease))
             .invoke_async(&mut self.connection.clone())
             .await
@@ -196,7 +197,7 @@ impl RedisStore {
         what: &str,
     ) -> Result<bool, Error> {
         let mut call = script.key(Self::redis_key(key));
-        call.arg(token);
+        call.arg(format!("{CLAIMED}{}", Field(Some(token))));
         for a in args {
             call.arg(*a);
         }
@@ -205,6 +206,24 @@ impl RedisStore {
             .await
             .map_err(|e| store_error(what, &e))?;
         Ok(held == 1)
+    }
+}
+
+/// The start of a claimed record; a claim's token follows it.
+const CLAIMED: &str = "jg1/c";
+
+/// A variable-length field of a record: `<length>:<bytes>`, or `n` for none. The encoding is
+/// prefix-free, so a record starts with `jg1/c` and a token's field exactly when it is that
+/// token's claim.
+#[derive(Clone, Copy)]
+struct Field<'a>(Option<&'a str>);
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "{}:{s}", s.len()),
+            None => f.write_str("n"),
+        }
     }
 }
 
@@ -247,66 +266,87 @@ fn install_crypto_provider() {
     }
 }
 
-// KEYS[1]: the record. ARGV: token, has fingerprint ('1' | '0'), fingerprint, lease in ms.
-// Returns {0} acquired, {1, record} completed, {2, pttl} in progress, {3} reused, {4, why} corrupt.
+// Reads the field at `i` of `v` (see `Field`): the field as written and the index after it, or
+// nil when it is malformed.
+const FIELD: &str = r#"
+local function field(v, i)
+  if string.sub(v, i, i) == 'n' then return 'n', i + 1 end
+  local s, e, len = string.find(v, '^(%d+):', i)
+  if not s then return nil end
+  local after = e + 1 + tonumber(len)
+  if after > #v + 1 then return nil end
+  return string.sub(v, i, after - 1), after
+end
+"#;
+
+// KEYS[1]: the record. ARGV: the claimed record to write, the fingerprint field, lease in ms.
+// Returns {0} acquired, {1, result} completed, {2, pttl} in progress, {3} reused, {4, why} corrupt.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{FIELD}{}",
         r#"
-local r = redis.pcall('HMGET', KEYS[1], 'v', 's', 't', 'f', 'r')
-if r['err'] then return {4, r['err']} end
-local v, s, f = r[1], r[2], r[4]
-if not (v or s or r[3] or f or r[5]) then
-  if redis.call('EXISTS', KEYS[1]) == 1 then return {4, 'a hash without jobguard fields'} end
-  if ARGV[2] == '1' then
-    redis.call('HSET', KEYS[1], 'v', '1', 's', 'c', 't', ARGV[1], 'f', ARGV[3])
-  else
-    redis.call('HSET', KEYS[1], 'v', '1', 's', 'c', 't', ARGV[1])
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {0}
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then return {0} end
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then
+  return {4, 'not a jobguard record: ' .. (type(v) == 'table' and v['err'] or 'missing')}
 end
-if v ~= '1' then return {4, 'record format version ' .. (v or 'missing') .. ' (this build reads 1)'} end
-if ARGV[2] == '1' and f and f ~= ARGV[3] then return {3} end
-if s == 'd' then
-  if not r[5] then return {4, 'a completed record without a result'} end
-  return {1, r[5]}
+local version = string.match(v, '^jg(%d+)/')
+if not version then return {4, 'not a jobguard record'} end
+if version ~= '1' then return {4, 'record format version ' .. version .. ' (this build reads 1)'} end
+local state = string.sub(v, 5, 5)
+local i, fp = 6, nil
+if state == 'c' then
+  local token
+  token, i = field(v, i)
+  if not token or token == 'n' then return {4, 'a claim without a token'} end
 end
-if s == 'c' then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if ttl < 0 then return {4, 'a claim without an expiry'} end
-  return {2, ttl}
+if state == 'c' or state == 'd' then
+  fp, i = field(v, i)
+  if not fp then return {4, 'a malformed fingerprint'} end
+else
+  return {4, 'unknown record state ' .. state}
 end
-return {4, 'unknown record state ' .. (s or 'missing')}
-"#,
-    )
+if fp ~= 'n' and ARGV[2] ~= 'n' and fp ~= ARGV[2] then return {3} end
+if state == 'd' then return {1, string.sub(v, i)} end
+if i ~= #v + 1 then return {4, 'trailing bytes after a claim'} end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then return {4, 'a claim without an expiry'} end
+return {2, ttl}
+"#
+    ))
 });
 
-// The check shared by the token scripts: does ARGV[1] hold a live claim on KEYS[1]?
+// The check shared by the token scripts: ARGV[1] is `jg1/c` and the token's field; does the
+// record start with it (the token holds the claim)?
 macro_rules! held {
     ($body:literal) => {
         concat!(
             r#"
-local r = redis.pcall('HMGET', KEYS[1], 'v', 's', 't')
-if r['err'] or r[1] ~= '1' or r[2] ~= 'c' or r[3] ~= ARGV[1] then return 0 end
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 "#,
             $body
         )
     };
 }
 
-// ARGV: token, record, ttl in ms.
+// ARGV: claim prefix, result, ttl in ms. Keeps the fingerprint with the result.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(held!(
-        r#"
-redis.call('HSET', KEYS[1], 's', 'd', 'r', ARGV[2])
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    Script::new(&format!(
+        "{FIELD}{}",
+        held!(
+            r#"
+local i = #ARGV[1] + 1
+local fp, after = field(v, i)
+if not fp or after ~= #v + 1 then return 0 end
+redis.call('SET', KEYS[1], 'jg1/d' .. fp .. ARGV[2], 'PX', ARGV[3])
 return 1
 "#
+        )
     ))
 });
 
-// ARGV: token.
+// ARGV: claim prefix.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(held!(
         r#"
@@ -316,7 +356,7 @@ return 1
     ))
 });
 
-// ARGV: token, lease in ms.
+// ARGV: claim prefix, lease in ms.
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(held!(
         r#"
@@ -441,6 +481,25 @@ mod tests {
         assert_eq!(rk("a:b", "c"), "jobguard:a%3Ab:c");
         assert_eq!(rk("a%3Ab", "c"), "jobguard:a%253Ab:c");
         assert_ne!(rk("a:b", "c"), rk("a", "b:c"));
+    }
+
+    #[test]
+    fn fields_are_length_prefixed_so_no_token_is_a_prefix_of_another() {
+        assert_eq!(Field(Some("tok")).to_string(), "3:tok");
+        assert_eq!(Field(Some("")).to_string(), "0:");
+        assert_eq!(Field(None).to_string(), "n");
+        let claim = |t: &str| format!("{CLAIMED}{}n", Field(Some(t)));
+        let prefix = |t: &str| format!("{CLAIMED}{}", Field(Some(t)));
+        for (a, b) in [
+            ("t", "t1"),
+            ("t1", "t"),
+            ("", "x"),
+            ("1:x", "1"),
+            ("ab", "a"),
+        ] {
+            assert!(!claim(a).starts_with(&prefix(b)), "{a:?} held by {b:?}");
+        }
+        assert!(claim("t1").starts_with(&prefix("t1")));
     }
 
     #[test]
