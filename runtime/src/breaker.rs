@@ -1,6 +1,31 @@
 //! The circuit breaker: fail fast in front of a dependency that is down.
+//!
+//! Retries turn a fast failure into a slow one: when a dependency is down, a pool of workers
+//! retrying against it saturates itself. A [`CircuitBreaker`] shared by every job that calls the
+//! dependency notices the failures and, once it opens, makes every call fail at once with
+//! [`Error::CircuitOpen`](crate::Error::CircuitOpen) until a cooldown has passed. Then it lets a
+//! bounded number of probes through: a good probe closes it, a bad one re-opens it.
+//!
+//! ```text
+//!            N failures in a row,               cooldown
+//!            or the failure rate                over
+//!   Closed ─────────────────────▶ Open ─────────────────▶ HalfOpen
+//!     ▲                            ▲                          │
+//!     │                            └──── a probe fails ───────┤
+//!     └────────────────────────────── a probe succeeds ───────┘
+//! ```
+//!
+//! With `#[retry(breaker = GATEWAY)]` the loop asks the breaker before every attempt, so a breaker
+//! that opens mid-loop stops the loop. Only transient failures count against it: a permanent
+//! failure says nothing about the dependency's health. Code that cannot take the attribute asks the
+//! breaker itself with [`CircuitBreaker::acquire`] and reports through the [`Permit`].
+//!
+//! The breaker is a handful of atomics: no lock, no allocation, usable in a `static`. It reads
+//! [`tokio::time`], so tests drive the cooldown with a paused clock.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::observe::Event;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The state of a [`CircuitBreaker`].
@@ -14,124 +39,680 @@ pub enum BreakerState {
     HalfOpen,
 }
 
-const CLOSED: u32 = 0;
-const OPEN: u32 = 1;
-const HALF_OPEN: u32 = 2;
+impl BreakerState {
+    /// The state as a short lowercase label (`closed`, `open`, `half_open`), as used in metrics
+    /// and logs.
+    ///
+    /// ```
+    /// assert_eq!(jobguard::BreakerState::HalfOpen.as_str(), "half_open");
+    /// ```
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The largest sliding window a [`CircuitBreaker::failure_rate`] breaker keeps: 63 calls, one bit
+/// each in a single atomic word. A larger window is clamped to this.
+pub const MAX_WINDOW: u32 = 63;
+
+/// The most concurrent half-open probes a breaker admits; a larger [`CircuitBreaker::probes`] is
+/// clamped to this.
+pub const MAX_PROBES: u32 = u16::MAX as u32;
+
+/// The word that holds the state: `[epoch: 32 bits][probes in flight: 16 bits][0: 14][state: 2]`.
+///
+/// The epoch changes on every transition, so that a permit knows whether the state it was admitted
+/// in still holds: an outcome only counts toward the state it was admitted in.
+const STATE: u64 = 0b11;
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+const PROBE: u64 = 1 << 16;
+
+const fn pack(epoch: u32, probes: u32, state: u64) -> u64 {
+    ((epoch as u64) << 32) | ((probes as u64 & 0xFFFF) << 16) | state
+}
+
+const fn epoch_of(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+const fn probes_of(word: u64) -> u32 {
+    ((word >> 16) & 0xFFFF) as u32
+}
+
+const fn state_of(word: u64) -> BreakerState {
+    match word & STATE {
+        CLOSED => BreakerState::Closed,
+        OPEN => BreakerState::Open,
+        _ => BreakerState::HalfOpen,
+    }
+}
+
+/// An empty sliding window: the marker bit alone, at position 0 (no calls recorded).
+const EMPTY_WINDOW: u64 = 1;
+
+/// How a closed breaker decides to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// After `threshold` transient failures in a row.
+    Consecutive { threshold: u32 },
+    /// When, over the last `window` calls (at least `min_calls` of them), the share of failures
+    /// reaches `ppm` parts per million.
+    Rate {
+        ppm: u32,
+        window: u32,
+        min_calls: u32,
+    },
+}
 
 /// A circuit breaker, usually a `static` shared by every job that calls one dependency.
 ///
-/// It opens after `failures` consecutive transient failures, stays open for `cooldown`, then lets
-/// one probe through: a good probe closes it, a bad one re-opens it.
+/// Two ways to open:
+///
+/// - [`CircuitBreaker::new`]`(failures, cooldown)` opens after `failures` transient failures in a
+///   row; a success resets the count.
+/// - [`CircuitBreaker::failure_rate`]`(ratio, window, cooldown)` opens when the share of failures
+///   over the last `window` calls reaches `ratio`, once at least [`min_calls`](Self::min_calls)
+///   calls are in the window.
+///
+/// Once open it fails every call fast for `cooldown`, then turns half-open and admits at most
+/// [`probes`](Self::probes) concurrent calls (default 1), failing the rest fast. A probe that
+/// succeeds closes the breaker; one that fails re-opens it for a fresh cooldown. A probe whose
+/// future is dropped, or that fails permanently, gives its slot back and changes nothing, so the
+/// breaker never sticks half-open.
+///
+/// Every transition raises [`Event::Breaker`] on the runtime in scope, at the moment it happens (on
+/// the task whose call caused it). Open → half-open happens lazily: at the first
+/// [`acquire`](Self::acquire) or [`state`](Self::state) after the cooldown.
+///
+/// # Examples
+///
+/// One breaker in front of a payment gateway, shared by every job that calls it:
 ///
 /// ```
 /// use jobguard::{BreakerState, CircuitBreaker};
 /// use std::time::Duration;
 ///
-/// static GATEWAY: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
+/// static GATEWAY: CircuitBreaker =
+///     CircuitBreaker::new(5, Duration::from_secs(30)).named("gateway");
+///
+/// #[derive(Debug)]
+/// enum GatewayError {
+///     Timeout,
+///     Jobguard(jobguard::Error),
+/// }
+/// # impl std::fmt::Display for GatewayError {
+/// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { write!(f, "{self:?}") }
+/// # }
+/// impl jobguard::Transient for GatewayError {
+///     fn verdict(&self) -> jobguard::Verdict {
+///         match self {
+///             GatewayError::Timeout => jobguard::Verdict::Retry,
+///             GatewayError::Jobguard(e) => e.verdict(),
+///         }
+///     }
+/// }
+/// impl From<jobguard::Error> for GatewayError {
+///     fn from(e: jobguard::Error) -> Self {
+///         GatewayError::Jobguard(e)
+///     }
+/// }
+///
+/// #[jobguard::retry(attempts = 3, breaker = GATEWAY)]
+/// async fn capture(order_id: &str) -> Result<u64, GatewayError> {
+///     # let _ = order_id;
+///     Ok(100)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert_eq!(capture("order-A").await.unwrap(), 100);
 /// assert_eq!(GATEWAY.state(), BreakerState::Closed);
+/// # }
+/// ```
+///
+/// A failure-rate breaker: open when half of the last 20 calls failed, once 10 calls were seen,
+/// and let two probes through at a time:
+///
+/// ```
+/// use jobguard::CircuitBreaker;
+/// use std::time::Duration;
+///
+/// static SEARCH: CircuitBreaker = CircuitBreaker::failure_rate(0.5, 20, Duration::from_secs(10))
+///     .min_calls(10)
+///     .probes(2)
+///     .named("search");
+/// assert_eq!(SEARCH.name(), "search");
 /// ```
 #[derive(Debug)]
 pub struct CircuitBreaker {
-    threshold: u32,
+    name: &'static str,
+    mode: Mode,
     cooldown: Duration,
-    state: AtomicU32,
-    consecutive: AtomicU32,
-    probes: AtomicU32,
-    /// When the breaker opened, in nanoseconds on the [`clock`].
-    opened_at: AtomicU64,
+    probes: u32,
+    /// State, probes in flight and epoch: see [`STATE`].
+    word: AtomicU64,
+    /// Consecutive mode: transient failures in a row. Rate mode: the window, one bit per call
+    /// (1 = failure), newest in bit 0, under a marker bit whose position is the number of calls.
+    tally: AtomicU64,
+    /// When an open breaker may turn half-open, in nanoseconds on [`clock`]. Only ever grows.
+    reopen_at: AtomicU64,
 }
 
 impl CircuitBreaker {
-    /// Opens after `failures` consecutive transient failures (at least 1), for `cooldown`.
+    /// A breaker that opens after `failures` transient failures in a row (at least 1) and stays
+    /// open for `cooldown`. A success resets the count. Usable in a `static`.
+    ///
+    /// ```
+    /// use jobguard::CircuitBreaker;
+    /// use std::time::Duration;
+    ///
+    /// static GATEWAY: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
+    /// assert_eq!(GATEWAY.state(), jobguard::BreakerState::Closed);
+    /// ```
     pub const fn new(failures: u32, cooldown: Duration) -> Self {
-        CircuitBreaker {
-            threshold: if failures == 0 { 1 } else { failures },
+        let threshold = if failures == 0 { 1 } else { failures };
+        Self::with_mode(Mode::Consecutive { threshold }, cooldown)
+    }
+
+    /// A breaker that opens when the share of transient failures over the last `window` calls
+    /// reaches `ratio`, and stays open for `cooldown`. Usable in a `static`.
+    ///
+    /// - `ratio` is clamped into `(0, 1]`: `0.5` opens when half the calls in the window failed,
+    ///   `1.0` only when all did. NaN reads as `1.0`.
+    /// - `window` is clamped into `1..=`[`MAX_WINDOW`] (63): the window is one atomic word.
+    /// - It cannot open before the window holds [`min_calls`](Self::min_calls) calls, by default
+    ///   the whole window, so a quiet period's first failure does not trip it.
+    ///
+    /// Successes and transient failures enter the window; permanent failures do not. The window
+    /// empties when the breaker closes after a probe.
+    ///
+    /// ```
+    /// use jobguard::CircuitBreaker;
+    /// use std::time::Duration;
+    ///
+    /// // Half of the last 20 calls failed, with at least 10 calls seen.
+    /// static SEARCH: CircuitBreaker =
+    ///     CircuitBreaker::failure_rate(0.5, 20, Duration::from_secs(10)).min_calls(10);
+    /// # let _ = &SEARCH;
+    /// ```
+    pub const fn failure_rate(ratio: f64, window: u32, cooldown: Duration) -> Self {
+        let ppm = if ratio.is_nan() || ratio >= 1.0 {
+            1_000_000
+        } else if ratio * 1_000_000.0 < 1.0 {
+            1
+        } else {
+            (ratio * 1_000_000.0) as u32
+        };
+        let window = clamp(window, 1, MAX_WINDOW);
+        Self::with_mode(
+            Mode::Rate {
+                ppm,
+                window,
+                min_calls: window,
+            },
             cooldown,
-            state: AtomicU32::new(CLOSED),
-            consecutive: AtomicU32::new(0),
-            probes: AtomicU32::new(0),
-            opened_at: AtomicU64::new(0),
+        )
+    }
+
+    const fn with_mode(mode: Mode, cooldown: Duration) -> Self {
+        CircuitBreaker {
+            name: "unnamed",
+            mode,
+            cooldown,
+            probes: 1,
+            word: AtomicU64::new(pack(0, 0, CLOSED)),
+            tally: AtomicU64::new(match mode {
+                Mode::Consecutive { .. } => 0,
+                Mode::Rate { .. } => EMPTY_WINDOW,
+            }),
+            reopen_at: AtomicU64::new(0),
         }
     }
 
-    /// The current state. An open breaker whose cooldown has ended reads half-open.
+    /// The label this breaker's events and metrics carry (default `"unnamed"`).
+    ///
+    /// ```
+    /// # use jobguard::CircuitBreaker;
+    /// # use std::time::Duration;
+    /// static GATEWAY: CircuitBreaker =
+    ///     CircuitBreaker::new(5, Duration::from_secs(30)).named("gateway");
+    /// assert_eq!(GATEWAY.name(), "gateway");
+    /// ```
+    pub const fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// How many probes a half-open breaker lets through at once (default 1; clamped into
+    /// `1..=`[`MAX_PROBES`]). Calls beyond that fail fast until a probe settles.
+    ///
+    /// ```
+    /// # use jobguard::CircuitBreaker;
+    /// # use std::time::Duration;
+    /// static GATEWAY: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30)).probes(3);
+    /// # let _ = &GATEWAY;
+    /// ```
+    pub const fn probes(mut self, probes: u32) -> Self {
+        self.probes = clamp(probes, 1, MAX_PROBES);
+        self
+    }
+
+    /// The minimum number of calls the window of a [`failure_rate`](Self::failure_rate) breaker
+    /// must hold before it can open (clamped into `1..=window`; default: the window). No effect on
+    /// a breaker made with [`new`](Self::new).
+    ///
+    /// ```
+    /// # use jobguard::CircuitBreaker;
+    /// # use std::time::Duration;
+    /// static SEARCH: CircuitBreaker =
+    ///     CircuitBreaker::failure_rate(0.25, 40, Duration::from_secs(5)).min_calls(8);
+    /// # let _ = &SEARCH;
+    /// ```
+    pub const fn min_calls(mut self, calls: u32) -> Self {
+        if let Mode::Rate { ppm, window, .. } = self.mode {
+            self.mode = Mode::Rate {
+                ppm,
+                window,
+                min_calls: clamp(calls, 1, window),
+            };
+        }
+        self
+    }
+
+    /// The label given with [`named`](Self::named).
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// How long the breaker stays open before it lets a probe through.
+    pub const fn cooldown(&self) -> Duration {
+        self.cooldown
+    }
+
+    /// The current state.
+    ///
+    /// An open breaker whose cooldown has ended turns half-open here (raising the event), so the
+    /// state read and the events seen agree.
+    ///
+    /// ```
+    /// use jobguard::{BreakerState, CircuitBreaker};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = CircuitBreaker::new(3, Duration::from_secs(30));
+    /// breaker.trip();
+    /// assert_eq!(breaker.state(), BreakerState::Open);
+    /// tokio::time::sleep(Duration::from_secs(30)).await;
+    /// assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    /// # }
+    /// ```
     pub fn state(&self) -> BreakerState {
-        match self.state.load(Ordering::Acquire) {
-            CLOSED => BreakerState::Closed,
-            OPEN if self.remaining(clock::now()).is_zero() => BreakerState::HalfOpen,
-            OPEN => BreakerState::Open,
-            _ => BreakerState::HalfOpen,
+        let word = self.word.load(Ordering::Acquire);
+        if word & STATE == OPEN && self.remaining(clock::now()).is_zero() {
+            let half = pack(epoch_of(word).wrapping_add(1), 0, HALF_OPEN);
+            if self
+                .word
+                .compare_exchange(word, half, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.emit(BreakerState::Open, BreakerState::HalfOpen);
+            }
+            return state_of(self.word.load(Ordering::Acquire));
+        }
+        state_of(word)
+    }
+
+    /// Time left until an open breaker lets a probe through; zero unless it is open.
+    pub fn retry_in(&self) -> Duration {
+        match self.word.load(Ordering::Acquire) & STATE {
+            OPEN => self.remaining(clock::now()),
+            _ => Duration::ZERO,
         }
     }
 
-    fn remaining(&self, now: u64) -> Duration {
-        let opened = self.opened_at.load(Ordering::Acquire);
-        let end = opened.saturating_add(self.cooldown.as_nanos().min(u64::MAX as u128) as u64);
-        Duration::from_nanos(end.saturating_sub(now))
+    /// Opens the breaker now, for a fresh cooldown, whatever its state. Calls fail fast until the
+    /// cooldown ends (or [`reset`](Self::reset)); after it, probes decide as usual.
+    ///
+    /// ```
+    /// use jobguard::{BreakerState, CircuitBreaker};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = CircuitBreaker::new(5, Duration::from_secs(30));
+    /// breaker.trip(); // e.g. the dependency announced maintenance
+    /// assert_eq!(breaker.state(), BreakerState::Open);
+    /// assert_eq!(breaker.retry_in(), Duration::from_secs(30));
+    /// breaker.reset();
+    /// assert_eq!(breaker.state(), BreakerState::Closed);
+    /// # }
+    /// ```
+    pub fn trip(&self) {
+        self.arm_cooldown();
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            if word & STATE == OPEN {
+                return; // already open: the cooldown was re-armed above
+            }
+            let open = pack(epoch_of(word).wrapping_add(1), 0, OPEN);
+            match self
+                .word
+                .compare_exchange_weak(word, open, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return self.emit(state_of(word), BreakerState::Open),
+                Err(now) => word = now,
+            }
+        }
     }
 
-    /// Asks to make one call. `Err(retry_in)` when the breaker is open, or half-open with its
-    /// probe taken.
-    pub(crate) fn acquire(&self) -> Result<Permit<'_>, Duration> {
+    /// Closes the breaker now, whatever its state, with its failure count or window emptied.
+    /// Outcomes of calls admitted before the reset are ignored.
+    pub fn reset(&self) {
+        let mut word = self.word.load(Ordering::Acquire);
         loop {
-            match self.state.load(Ordering::Acquire) {
-                CLOSED => return Ok(Permit { breaker: self, probe: false }),
+            self.clear_tally();
+            let closed = pack(epoch_of(word).wrapping_add(1), 0, CLOSED);
+            match self
+                .word
+                .compare_exchange_weak(word, closed, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if word & STATE != CLOSED {
+                        self.emit(state_of(word), BreakerState::Closed);
+                    }
+                    return;
+                }
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Asks to make one call. `Ok(permit)` when the breaker is closed, or half-open with a probe
+    /// slot free; report the call's outcome through the [`Permit`]. `Err(retry_in)` when it is
+    /// open (the time left in its cooldown), or half-open with every probe slot taken
+    /// ([`Duration::ZERO`]: a slot frees as soon as a probe settles).
+    ///
+    /// This is what `#[retry(breaker = ...)]` calls before every attempt. On a closed breaker it
+    /// is one atomic load, and the permit's [`success`](Permit::success) one more.
+    ///
+    /// ```
+    /// use jobguard::CircuitBreaker;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let breaker = CircuitBreaker::new(1, Duration::from_secs(5));
+    /// match breaker.acquire() {
+    ///     Ok(permit) => permit.failure(), // the call failed transiently: the breaker opens
+    ///     Err(_) => unreachable!("a new breaker is closed"),
+    /// }
+    /// assert_eq!(breaker.acquire().err(), Some(Duration::from_secs(5)));
+    /// # }
+    /// ```
+    #[inline]
+    pub fn acquire(&self) -> Result<Permit<'_>, Duration> {
+        let word = self.word.load(Ordering::Acquire);
+        if word & STATE == CLOSED {
+            return Ok(Permit {
+                breaker: self,
+                epoch: epoch_of(word),
+                probe: false,
+            });
+        }
+        self.acquire_slow(word)
+    }
+
+    #[cold]
+    fn acquire_slow(&self, mut word: u64) -> Result<Permit<'_>, Duration> {
+        loop {
+            let next = match word & STATE {
+                CLOSED => {
+                    return Ok(Permit {
+                        breaker: self,
+                        epoch: epoch_of(word),
+                        probe: false,
+                    });
+                }
                 OPEN => {
                     let left = self.remaining(clock::now());
                     if !left.is_zero() {
                         return Err(left);
                     }
-                    if self
-                        .state
-                        .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                    {
-                        continue;
-                    }
+                    // The cooldown is over: turn half-open, taking the first probe slot.
+                    pack(epoch_of(word).wrapping_add(1), 1, HALF_OPEN)
                 }
-                _ => {}
-            }
-            // Half-open: one probe at a time.
-            return match self.probes.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => Ok(Permit { breaker: self, probe: true }),
-                Err(_) => Err(Duration::ZERO),
+                _ if probes_of(word) >= self.probes => return Err(Duration::ZERO),
+                _ => word + PROBE,
             };
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if word & STATE == OPEN {
+                        self.emit(BreakerState::Open, BreakerState::HalfOpen);
+                    }
+                    return Ok(Permit {
+                        breaker: self,
+                        epoch: epoch_of(next),
+                        probe: true,
+                    });
+                }
+                Err(now) => word = now,
+            }
         }
     }
 
-    fn open(&self) {
-        self.opened_at.store(clock::now(), Ordering::Release);
-        self.state.store(OPEN, Ordering::Release);
+    fn remaining(&self, now: u64) -> Duration {
+        Duration::from_nanos(self.reopen_at.load(Ordering::Acquire).saturating_sub(now))
+    }
+
+    /// Moves the end of the cooldown to `now + cooldown`. Called before the transition to open is
+    /// published, so whoever sees the breaker open sees its deadline too. `fetch_max`, so a racing
+    /// opener that read the clock earlier can never shorten it.
+    fn arm_cooldown(&self) {
+        let cooldown = self.cooldown.as_nanos().min(u64::MAX as u128) as u64;
+        let until = clock::now().saturating_add(cooldown);
+        self.reopen_at.fetch_max(until, Ordering::AcqRel);
+    }
+
+    fn clear_tally(&self) {
+        let empty = match self.mode {
+            Mode::Consecutive { .. } => 0,
+            Mode::Rate { .. } => EMPTY_WINDOW,
+        };
+        self.tally.store(empty, Ordering::Release);
+    }
+
+    /// Leaves the half-open state of `epoch`, to closed or (with a fresh cooldown) open. Nothing
+    /// happens when that state has already been left.
+    fn settle_probe(&self, epoch: u32, to: u64) {
+        if to == OPEN {
+            self.arm_cooldown();
+        } else {
+            self.clear_tally();
+        }
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & STATE == HALF_OPEN && epoch_of(word) == epoch {
+            let next = pack(epoch.wrapping_add(1), 0, to);
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return self.emit(BreakerState::HalfOpen, state_of(next)),
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Gives back a probe slot of the half-open state of `epoch`, if that state still holds.
+    fn release_probe(&self, epoch: u32) {
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & STATE == HALF_OPEN && epoch_of(word) == epoch && probes_of(word) > 0 {
+            match self.word.compare_exchange_weak(
+                word,
+                word - PROBE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    #[inline]
+    fn closed_success(&self, epoch: u32) {
+        match self.mode {
+            Mode::Consecutive { .. } => {
+                // Only write when there is a count to clear: a healthy breaker is read, not
+                // written, so workers on many cores do not fight over its cache line.
+                if self.tally.load(Ordering::Relaxed) != 0 && self.admitted_in(epoch) {
+                    self.tally.store(0, Ordering::Relaxed);
+                }
+            }
+            Mode::Rate { window, .. } => {
+                // A full window of successes stays the same when one more success enters it.
+                if self.tally.load(Ordering::Relaxed) != 1 << window && self.admitted_in(epoch) {
+                    self.record(false, window);
+                }
+            }
+        }
+    }
+
+    fn closed_failure(&self, epoch: u32) {
+        let closed = pack(epoch, 0, CLOSED);
+        if self.word.load(Ordering::Acquire) != closed {
+            return; // admitted before the breaker last changed state
+        }
+        let trips = match self.mode {
+            Mode::Consecutive { threshold } => {
+                self.tally.fetch_add(1, Ordering::AcqRel).saturating_add(1) >= threshold as u64
+            }
+            Mode::Rate {
+                ppm,
+                window,
+                min_calls,
+            } => {
+                let w = self.record(true, window);
+                let calls = u64::from(63 - w.leading_zeros());
+                let failures = u64::from(w.count_ones() - 1);
+                calls >= u64::from(min_calls) && failures * 1_000_000 >= u64::from(ppm) * calls
+            }
+        };
+        if trips {
+            self.arm_cooldown();
+            let open = pack(epoch.wrapping_add(1), 0, OPEN);
+            if self
+                .word
+                .compare_exchange(closed, open, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                self.emit(BreakerState::Closed, BreakerState::Open);
+            }
+        }
+    }
+
+    fn admitted_in(&self, epoch: u32) -> bool {
+        self.word.load(Ordering::Acquire) == pack(epoch, 0, CLOSED)
+    }
+
+    /// Shifts one outcome into the window and returns the new window.
+    fn record(&self, failed: bool, window: u32) -> u64 {
+        let mut w = self.tally.load(Ordering::Relaxed);
+        loop {
+            let calls = 63 - w.leading_zeros();
+            let outcomes = w & !(1u64 << calls);
+            let calls = (calls + 1).min(window);
+            let outcomes = ((outcomes << 1) | u64::from(failed)) & ((1u64 << calls) - 1);
+            let next = outcomes | (1u64 << calls);
+            match self
+                .tally
+                .compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    #[cold]
+    fn emit(&self, from: BreakerState, to: BreakerState) {
+        crate::Runtime::current().emit(&Event::Breaker {
+            breaker: self.name,
+            from,
+            to,
+        });
     }
 }
 
-/// Permission to make one call through a breaker. Dropped without a verdict (a permanent failure,
-/// or the call's future dropped), it gives its probe back and changes nothing.
-#[must_use]
-pub(crate) struct Permit<'a> {
+const fn clamp(n: u32, lo: u32, hi: u32) -> u32 {
+    if n < lo {
+        lo
+    } else if n > hi {
+        hi
+    } else {
+        n
+    }
+}
+
+/// Permission to make one call through a [`CircuitBreaker`], from
+/// [`acquire`](CircuitBreaker::acquire).
+///
+/// Report the call's outcome with [`success`](Self::success) or [`failure`](Self::failure) (a
+/// transient failure). Dropped without either (a permanent failure, or a call whose future was
+/// dropped), it changes nothing and gives a probe slot back, so a cancelled probe never leaves the
+/// breaker stuck half-open. An outcome counts only toward the state the call was admitted in: a
+/// slow call admitted before the breaker opened cannot count against it after it closed again.
+#[must_use = "report the call's outcome with `success()` or `failure()`"]
+#[derive(Debug)]
+pub struct Permit<'a> {
     breaker: &'a CircuitBreaker,
+    epoch: u32,
     probe: bool,
 }
 
 impl Permit<'_> {
-    pub(crate) fn success(self) {
-        let b = self.breaker;
-        b.consecutive.store(0, Ordering::Release);
-        if self.probe {
-            b.state.store(CLOSED, Ordering::Release);
+    /// Whether this call is a half-open probe: its outcome closes or re-opens the breaker.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
+    /// The call succeeded. A probe closes the breaker; otherwise the failure count is reset (or a
+    /// success enters the window).
+    #[inline]
+    pub fn success(self) {
+        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.probe);
+        core::mem::forget(self);
+        if probe {
+            breaker.settle_probe(epoch, CLOSED);
+        } else {
+            breaker.closed_success(epoch);
         }
     }
 
-    pub(crate) fn failure(self) {
-        let b = self.breaker;
-        if self.probe {
-            b.open();
-            return;
-        }
-        let n = b.consecutive.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= b.threshold && b.state.load(Ordering::Acquire) == CLOSED {
-            b.consecutive.store(0, Ordering::Release);
-            b.open();
+    /// The call failed transiently. A probe re-opens the breaker for a fresh cooldown; otherwise
+    /// the failure counts and may open it.
+    pub fn failure(self) {
+        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.probe);
+        core::mem::forget(self);
+        if probe {
+            breaker.settle_probe(epoch, OPEN);
+        } else {
+            breaker.closed_failure(epoch);
         }
     }
 }
@@ -139,7 +720,7 @@ impl Permit<'_> {
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         if self.probe {
-            self.breaker.probes.store(0, Ordering::Release);
+            self.breaker.release_probe(self.epoch);
         }
     }
 }
@@ -147,14 +728,94 @@ impl Drop for Permit<'_> {
 /// Monotonic nanoseconds from `tokio::time`, so a paused test clock drives the breaker.
 pub(crate) mod clock {
     use std::sync::OnceLock;
+    use std::time::Duration;
     use tokio::time::Instant;
 
     static EPOCH: OnceLock<Instant> = OnceLock::new();
 
+    /// Nanoseconds since a fixed point an hour before the first reading, so that a clock that
+    /// started a little earlier (another test's paused clock) never reads before it.
     pub(crate) fn now() -> u64 {
         let now = Instant::now();
-        let epoch = *EPOCH.get_or_init(|| now);
-        // Never 0, so that "opened at 0" cannot be mistaken for a real time.
-        (now.saturating_duration_since(epoch).as_nanos() as u64).saturating_add(1)
+        let epoch = *EPOCH.get_or_init(|| {
+            [3600, 60, 1, 0]
+                .into_iter()
+                .find_map(|s| now.checked_sub(Duration::from_secs(s)))
+                .unwrap_or(now)
+        });
+        now.saturating_duration_since(epoch)
+            .as_nanos()
+            .min(u64::MAX as u128) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_shifts_and_counts() {
+        let b = CircuitBreaker::failure_rate(0.5, 3, Duration::from_secs(1));
+        let w = b.record(true, 3);
+        assert_eq!((63 - w.leading_zeros(), w.count_ones() - 1), (1, 1));
+        b.record(false, 3);
+        b.record(false, 3);
+        let w = b.record(false, 3); // the failure falls out of a window of 3
+        assert_eq!((63 - w.leading_zeros(), w.count_ones() - 1), (3, 0));
+        assert_eq!(w, 1 << 3);
+    }
+
+    #[test]
+    fn the_largest_window_fits_one_word() {
+        let b = CircuitBreaker::failure_rate(0.5, 1000, Duration::from_secs(1));
+        let mut w = 0;
+        for _ in 0..200 {
+            w = b.record(true, MAX_WINDOW);
+        }
+        assert_eq!((63 - w.leading_zeros(), w.count_ones() - 1), (63, 63));
+        assert_eq!(
+            b.mode,
+            Mode::Rate {
+                ppm: 500_000,
+                window: 63,
+                min_calls: 63
+            }
+        );
+    }
+
+    #[test]
+    fn settings_are_clamped() {
+        let b = CircuitBreaker::new(0, Duration::ZERO).probes(0);
+        assert_eq!((b.mode, b.probes), (Mode::Consecutive { threshold: 1 }, 1));
+        let b = CircuitBreaker::failure_rate(f64::NAN, 0, Duration::ZERO)
+            .min_calls(9)
+            .probes(1 << 20);
+        assert_eq!(
+            b.mode,
+            Mode::Rate {
+                ppm: 1_000_000,
+                window: 1,
+                min_calls: 1
+            }
+        );
+        assert_eq!(b.probes, MAX_PROBES);
+        let b = CircuitBreaker::failure_rate(-3.0, 10, Duration::ZERO).min_calls(0);
+        assert_eq!(
+            b.mode,
+            Mode::Rate {
+                ppm: 1,
+                window: 10,
+                min_calls: 1
+            }
+        );
+    }
+
+    #[test]
+    fn packing_round_trips() {
+        let w = pack(u32::MAX, MAX_PROBES, HALF_OPEN);
+        assert_eq!(
+            (epoch_of(w), probes_of(w), state_of(w)),
+            (u32::MAX, MAX_PROBES, BreakerState::HalfOpen)
+        );
     }
 }

@@ -87,6 +87,15 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
+    /// A circuit breaker changed state, raised on the task whose call caused it.
+    Breaker {
+        /// The breaker's [`name`](crate::CircuitBreaker::name).
+        breaker: &'a str,
+        /// The state it left.
+        from: crate::BreakerState,
+        /// The state it entered.
+        to: crate::BreakerState,
+    },
 }
 
 /// A hook the runtime calls for every [`Event`]. Closures `Fn(&Event)` are observers.
