@@ -5,7 +5,7 @@
 //! for closures. The success path allocates nothing and takes no lock.
 
 use crate::breaker::{CircuitBreaker, Permit};
-use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
+use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp, Trail};
 use crate::observe::Event;
 use crate::{Error, Policy, Runtime, Verdict};
 use core::ops::ControlFlow;
@@ -29,6 +29,9 @@ pub struct Retry<'a> {
     previous_delay: Duration,
     rng: Option<SmallRng>,
     permit: Option<Permit<'a>>,
+    trail: Trail<'a>,
+    #[cfg(feature = "tracing")]
+    span: crate::observe::tracing::JobSpan,
 }
 
 /// Where a failed attempt's error came from.
@@ -63,6 +66,9 @@ impl<'a> Retry<'a> {
             previous_delay: policy.base,
             rng: None,
             permit: None,
+            trail: Trail::new(),
+            #[cfg(feature = "tracing")]
+            span: crate::observe::tracing::JobSpan::new(),
         }
     }
 
@@ -84,6 +90,21 @@ impl<'a> Retry<'a> {
         self
     }
 
+    /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
+    /// never otherwise: the success path neither serializes nor allocates.
+    pub fn payload<P: serde::Serialize + Sync>(mut self, payload: &'a P) -> Self {
+        self.trail.set_payload(payload);
+        self
+    }
+
+    /// Raises `event` on the runtime, inside the call's span with the `tracing` feature.
+    #[inline]
+    fn emit(&mut self, event: &Event<'_>) {
+        #[cfg(feature = "tracing")]
+        let _entered = self.span.get(self.job, self.key).enter();
+        self.runtime.emit(event);
+    }
+
     /// The number the next attempt will have, from 1.
     pub fn next_attempt(&self) -> u32 {
         self.attempt + 1
@@ -96,7 +117,7 @@ impl<'a> Retry<'a> {
             self.started = Some((Instant::now(), wall));
         }
         self.last_started = Some(wall);
-        self.runtime.emit(&Event::Attempt {
+        self.emit(&Event::Attempt {
             job: self.job,
             key: self.key,
             attempt: self.attempt,
@@ -110,6 +131,8 @@ impl<'a> Retry<'a> {
         F: Future<Output = Result<T, E>>,
     {
         self.begin();
+        #[cfg(feature = "tracing")]
+        let attempt = self.span.instrument(self.job, self.key, attempt);
         Attempted { result: attempt.await, origin: Origin::Body }
     }
 
@@ -133,6 +156,8 @@ impl<'a> Retry<'a> {
             }
         }
         self.begin();
+        #[cfg(feature = "tracing")]
+        let attempt = self.span.instrument(self.job, self.key, attempt);
         let start = self.started.map(|(s, _)| s).unwrap_or_else(Instant::now);
         let now = Instant::now();
         let budget_end = self.policy.budget.map(|b| start + b);
@@ -172,7 +197,7 @@ impl<'a> Retry<'a> {
                 if let Some(permit) = self.permit.take() {
                     permit.success();
                 }
-                self.runtime.emit(&Event::Succeeded {
+                self.emit(&Event::Succeeded {
                     job: self.job,
                     key: self.key,
                     attempts: self.attempt,
@@ -181,16 +206,19 @@ impl<'a> Retry<'a> {
             }
             Err(error) => error,
         };
+        self.trail.failed(&error);
         // The runtime's own failures are classified by the runtime, whatever `E` says of them.
         let verdict = match origin {
             Origin::Body => classify(&error).into(),
             Origin::Timeout => Verdict::Retry,
             Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
         };
-        if let Some(permit) = self.permit.take() {
-            if verdict.is_retryable() || origin == Origin::Budget {
-                permit.failure();
-            } // a permanent failure says nothing about the dependency's health: dropped, neutral
+        // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
+        // nothing about the dependency's health: its permit is dropped here, neutral.
+        if let Some(permit) = self.permit.take()
+            && (verdict.is_retryable() || origin == Origin::Budget)
+        {
+            permit.failure();
         }
         let give_up = match origin {
             Origin::CircuitOpen => Some(GiveUp::CircuitOpen),
@@ -216,7 +244,7 @@ impl<'a> Retry<'a> {
                 return ControlFlow::Break(Err(error));
             }
         }
-        self.runtime.emit(&Event::Retry {
+        self.emit(&Event::Retry {
             job: self.job,
             key: self.key,
             attempt: self.attempt,
@@ -243,7 +271,7 @@ impl<'a> Retry<'a> {
     async fn give_up<E: Display>(&mut self, reason: GiveUp, error: &E) {
         let now = SystemTime::now();
         let first = self.started.map(|(_, w)| w).unwrap_or(now);
-        let letter = DeadLetter::new(
+        let letter = self.trail.seal(DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
             reason,
@@ -251,12 +279,15 @@ impl<'a> Retry<'a> {
             error.to_string(),
             first,
             self.last_started.unwrap_or(first),
-        );
-        self.runtime.emit(&Event::DeadLetter(&letter));
-        let sent = match self.sink {
-            Some(sink) => sink.send(letter).await,
-            None => self.runtime.inner.dead_letters.send(letter).await,
+        ));
+        self.emit(&Event::DeadLetter(&letter));
+        let send = match self.sink {
+            Some(sink) => sink.send(letter),
+            None => self.runtime.inner.dead_letters.send(letter),
         };
+        #[cfg(feature = "tracing")]
+        let send = self.span.instrument(self.job, self.key, send);
+        let sent = send.await;
         if let Err(e) = sent {
             crate::observe::log_error(format_args!(
                 "jobguard: job {} gave up ({reason}) but its dead letter was lost: {e}",
