@@ -1,11 +1,24 @@
 //! Dead letters: the record of a job that gave up, and the sinks that keep them.
+//!
+//! | sink | keeps letters | notes |
+//! |---|---|---|
+//! | [`LogDeadLetters`] | in memory, bounded | the default: logs each letter at error level (`tracing` with that feature, else stderr) |
+//! | [`MemoryDeadLetters`] | in memory, bounded | drops the oldest at capacity, counts and reports the drop |
+//! | [`from_fn`] | wherever the closure puts them | a queue, a table, a channel |
+//! | [`redis::RedisDeadLetters`] (feature `redis`) | a Redis Stream | outlives the process; `list`, `get`, `remove`, `redrive` |
 
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 
 /// Why a job gave up and was dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -60,10 +73,22 @@ pub struct DeadLetter {
     pub first_attempt: SystemTime,
     /// When the last attempt started.
     pub last_attempt: SystemTime,
+    /// The `Display` of the last failures, oldest first, at most [`DeadLetter::HISTORY`]; the
+    /// last one is [`error`](Self::error). Empty in records written before this field existed.
+    #[serde(default)]
+    pub history: Vec<String>,
+    /// The job's arguments as JSON, when the job declared them (`#[retry(payload = (a, b))]`),
+    /// so that a redrive can run it again. Serialized only when the job gives up; decode it with
+    /// [`payload_as`](Self::payload_as).
+    #[serde(default)]
+    pub payload: Option<serde_json::Value>,
 }
 
 impl DeadLetter {
-    /// A record with the given fields.
+    /// How many errors [`history`](Self::history) keeps: the last ones, the oldest dropped.
+    pub const HISTORY: usize = 5;
+
+    /// A record with the given fields, an empty history and no payload.
     pub fn new(
         job: impl Into<String>,
         key: Option<String>,
@@ -81,7 +106,93 @@ impl DeadLetter {
             error: error.into(),
             first_attempt,
             last_attempt,
+            history: Vec::new(),
+            payload: None,
         }
+    }
+
+    /// The record with this error history (oldest first), cut to its last
+    /// [`HISTORY`](Self::HISTORY) entries.
+    pub fn with_history(mut self, mut history: Vec<String>) -> Self {
+        if history.len() > Self::HISTORY {
+            history.drain(..history.len() - Self::HISTORY);
+        }
+        self.history = history;
+        self
+    }
+
+    /// The record with this payload: the job's arguments as JSON.
+    pub fn with_payload(mut self, payload: Option<serde_json::Value>) -> Self {
+        self.payload = payload;
+        self
+    }
+
+    /// Decodes the payload into the job's argument type, e.g. `(String, u64)` for
+    /// `payload = (order_id, amount)`. `None` when the letter has no payload.
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Option<Result<T, crate::Error>> {
+        let value = self.payload.as_ref()?;
+        Some(
+            T::deserialize(value)
+                .map_err(|e| crate::Error::Corrupt(format!("dead letter payload: {e}"))),
+        )
+    }
+}
+
+/// What a job call gathers for its dead letter on the failure path: the last errors and a
+/// reference to the arguments. Empty until the first failure; nothing here allocates or
+/// serializes while attempts succeed.
+pub(crate) struct Trail<'a> {
+    history: VecDeque<String>,
+    payload: Option<&'a dyn Payload>,
+}
+
+/// Arguments that can be serialized when, and only when, a letter is written.
+pub(crate) trait Payload: Sync {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
+}
+
+impl<P: Serialize + Sync> Payload for P {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(self)
+    }
+}
+
+impl<'a> Trail<'a> {
+    pub(crate) const fn new() -> Self {
+        Trail {
+            history: VecDeque::new(),
+            payload: None,
+        }
+    }
+
+    pub(crate) fn set_payload(&mut self, payload: &'a dyn Payload) {
+        self.payload = Some(payload);
+    }
+
+    /// Notes one failure (an attempt's error, or a refusal by the breaker).
+    #[cold]
+    pub(crate) fn failed(&mut self, error: &dyn Display) {
+        if self.history.len() == DeadLetter::HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(error.to_string());
+    }
+
+    /// Completes `letter` with the history and the serialized payload. A payload that cannot be
+    /// serialized is reported and left out: the letter itself is never lost for it.
+    pub(crate) fn seal(&mut self, letter: DeadLetter) -> DeadLetter {
+        let payload = self.payload.and_then(|p| match p.to_json() {
+            Ok(value) => Some(value),
+            Err(e) => {
+                crate::observe::log_error(format_args!(
+                    "jobguard: job {} gave up and its payload could not be serialized: {e}",
+                    letter.job
+                ));
+                None
+            }
+        });
+        let history = Vec::from(std::mem::take(&mut self.history));
+        letter.with_history(history).with_payload(payload)
     }
 }
 
@@ -109,27 +220,67 @@ impl<S: DeadLetterSink + ?Sized> DeadLetterSink for &S {
     }
 }
 
-/// Dead letters kept in memory. `Clone` shares one list.
+/// Dead letters kept in memory, at most [`capacity`](Self::capacity) of them. `Clone` shares one
+/// list.
+///
+/// At capacity the oldest letter is dropped to make room. A drop is never silent: it is counted
+/// ([`dropped`](Self::dropped)), logged at error level, and counted in
+/// `jobguard_dead_letters_dropped_total{sink="memory"}` with the `metrics` feature.
 ///
 /// ```
-/// let letters = jobguard::MemoryDeadLetters::new();
+/// use jobguard::MemoryDeadLetters;
+///
+/// let letters = MemoryDeadLetters::with_capacity(100);
 /// assert!(letters.letters().is_empty());
+/// assert_eq!(letters.capacity(), 100);
+/// assert_eq!(letters.dropped(), 0);
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryDeadLetters {
-    inner: Arc<Mutex<VecDeque<DeadLetter>>>,
+    inner: Arc<MemoryInner>,
+}
+
+struct MemoryInner {
+    letters: Mutex<VecDeque<DeadLetter>>,
+    capacity: usize,
+    dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for MemoryDeadLetters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryDeadLetters").field("len", &self.len()).finish()
+        f.debug_struct("MemoryDeadLetters")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+impl Default for MemoryDeadLetters {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 impl MemoryDeadLetters {
-    /// An empty list.
+    /// The capacity of [`new`](Self::new).
+    pub const DEFAULT_CAPACITY: usize = 10_000;
+
+    /// An empty list that keeps at most [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) letters.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
+    }
+
+    /// An empty list that keeps at most `capacity` letters (at least 1).
+    pub fn with_capacity(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        MemoryDeadLetters {
+            inner: Arc::new(MemoryInner {
+                letters: Mutex::new(VecDeque::new()),
+                capacity,
+                dropped: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// Every letter kept, oldest first.
@@ -147,18 +298,57 @@ impl MemoryDeadLetters {
         self.len() == 0
     }
 
-    /// Removes and returns every letter.
+    /// The most letters kept at once.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// How many letters were dropped at capacity since the list was made.
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Removes and returns every letter, oldest first.
     pub fn drain(&self) -> Vec<DeadLetter> {
         self.lock().drain(..).collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<DeadLetter>> {
         // A poisoned list is still a list: a panic elsewhere must not lose letters.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.letters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn push(&self, letter: DeadLetter) {
-        self.lock().push_back(letter);
+        let evicted = {
+            let mut letters = self.lock();
+            let evicted = if letters.len() >= self.inner.capacity {
+                letters.pop_front()
+            } else {
+                None
+            };
+            letters.push_back(letter);
+            evicted
+        };
+        if let Some(old) = evicted {
+            self.report_drop(&old);
+        }
+    }
+
+    #[cold]
+    fn report_drop(&self, old: &DeadLetter) {
+        let total = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        crate::observe::log_error(format_args!(
+            "jobguard: in-memory dead letters full ({} kept): dropped the oldest, job {} key {} \
+             ({}, {} attempt(s)): {}; {total} dropped so far",
+            self.inner.capacity,
+            old.job,
+            old.key.as_deref().unwrap_or("-"),
+            old.reason,
+            old.attempts,
+            old.error,
+        ));
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::dead_letter_dropped("memory");
     }
 }
 
@@ -169,8 +359,59 @@ impl DeadLetterSink for MemoryDeadLetters {
     }
 }
 
-/// The embedded default sink: each letter is written to the log (stderr, or `tracing` at error
-/// level with the `tracing` feature) and kept in memory.
+/// A sink made from a closure; see [`from_fn`].
+#[derive(Clone)]
+pub struct FnDeadLetters<F> {
+    f: F,
+}
+
+impl<F> std::fmt::Debug for FnDeadLetters<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FnDeadLetters").finish_non_exhaustive()
+    }
+}
+
+/// A sink that hands each letter to `f`: a queue producer, a database insert, a channel.
+///
+/// The closure's error is the sink's: the retry loop logs it at error level and still returns
+/// the job's own error to the caller.
+///
+/// ```
+/// use jobguard::{DeadLetter, Runtime};
+/// use tokio::sync::mpsc;
+///
+/// let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetter>();
+/// let sink = jobguard::dead_letter::from_fn(move |letter| {
+///     let tx = tx.clone();
+///     async move {
+///         tx.send(letter)
+///             .map_err(|_| jobguard::Error::Store("dead-letter channel closed".into()))
+///     }
+/// });
+/// let runtime = Runtime::builder().dead_letters(sink).build();
+/// # drop((runtime, rx.try_recv()));
+/// ```
+pub fn from_fn<F, Fut>(f: F) -> FnDeadLetters<F>
+where
+    F: Fn(DeadLetter) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), crate::Error>> + Send + 'static,
+{
+    FnDeadLetters { f }
+}
+
+impl<F, Fut> DeadLetterSink for FnDeadLetters<F>
+where
+    F: Fn(DeadLetter) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), crate::Error>> + Send + 'static,
+{
+    fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
+        Box::pin((self.f)(letter))
+    }
+}
+
+/// The embedded default sink: each letter is written to the log at error level (a `tracing`
+/// event with the job, key, reason, attempts and error as fields with the `tracing` feature,
+/// else a line on stderr) and kept in a bounded [`MemoryDeadLetters`].
 #[derive(Clone, Debug, Default)]
 pub struct LogDeadLetters {
     kept: MemoryDeadLetters,
@@ -182,6 +423,13 @@ impl LogDeadLetters {
         Self::default()
     }
 
+    /// A sink that logs letters and keeps the last `capacity` of them.
+    pub fn with_capacity(capacity: usize) -> Self {
+        LogDeadLetters {
+            kept: MemoryDeadLetters::with_capacity(capacity),
+        }
+    }
+
     /// The letters kept so far.
     pub fn kept(&self) -> &MemoryDeadLetters {
         &self.kept
@@ -190,6 +438,17 @@ impl LogDeadLetters {
 
 impl DeadLetterSink for LogDeadLetters {
     fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
+        #[cfg(feature = "tracing")]
+        ::tracing::error!(
+            target: "jobguard",
+            job = %letter.job,
+            key = letter.key.as_deref(),
+            reason = letter.reason.as_str(),
+            attempts = letter.attempts,
+            error = %letter.error,
+            "dead letter",
+        );
+        #[cfg(not(feature = "tracing"))]
         crate::observe::log_error(format_args!(
             "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}",
             letter.job,

@@ -131,12 +131,29 @@ impl Observer for NoopObserver {
     fn on_event(&self, _: &Event<'_>) {}
 }
 
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
+#[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub mod tracing;
+
 /// The built-in integrations' view of every event (`metrics` counters, `tracing` events); a
 /// no-op without those features.
 #[inline(always)]
-pub(crate) fn record(_event: &Event<'_>) {}
+pub(crate) fn record(event: &Event<'_>) {
+    #[cfg(feature = "metrics")]
+    self::metrics::record(event);
+    #[cfg(feature = "tracing")]
+    self::tracing::record(event);
+    let _ = event;
+}
 
 /// Writes an error-level line to the log: `tracing` when that feature is on, else stderr.
+#[cold]
 pub(crate) fn log_error(args: fmt::Arguments<'_>) {
+    #[cfg(feature = "tracing")]
+    ::tracing::error!(target: "jobguard", "{args}");
+    #[cfg(not(feature = "tracing"))]
     eprintln!("{args}");
 }

@@ -1,0 +1,474 @@
+//! Dead letters in a Redis Stream (feature `redis`): they outlive the process, every worker
+//! writes to one stream, and an operator lists, inspects, removes and redrives them.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), jobguard::Error> {
+//! use jobguard::dead_letter::redis::RedisDeadLetters;
+//!
+//! let letters = RedisDeadLetters::connect("redis://127.0.0.1:6379/", "jobguard:dead_letters").await?;
+//! let runtime = jobguard::Runtime::builder().dead_letters(letters.clone()).build();
+//! # drop(runtime);
+//!
+//! // Later, an operator:
+//! for (id, letter) in letters.list().await? {
+//!     println!("{id}: {} key {:?} gave up ({}): {}", letter.job, letter.key, letter.reason, letter.error);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Records
+//!
+//! Each letter is one stream entry, written with
+//! `XADD <stream> MAXLEN ~ <max_len> * letter <json>`: a single field `letter` whose value is the
+//! [`DeadLetter`] as a JSON object with one more member, `"v"`, the format version
+//! ([`FORMAT_VERSION`]). `MAXLEN ~` trims the oldest entries once the stream is well past
+//! `max_len` (Redis trims whole nodes, so the stream may hold somewhat more than `max_len`).
+//!
+//! An entry that is not such a record (no `letter` field, not JSON, not a letter, another format
+//! version) makes [`list`](RedisDeadLetters::list) and [`get`](RedisDeadLetters::get) fail with
+//! [`Error::Corrupt`] naming its id; [`remove`](RedisDeadLetters::remove) still removes it. A
+//! server that cannot be reached is [`Error::Store`].
+//!
+//! # Redrive
+//!
+//! [`redrive`](RedisDeadLetters::redrive) reads a letter, hands it to a closure that runs the job
+//! again (usually from its [`payload`](DeadLetter::payload) and [`key`](DeadLetter::key)), and
+//! removes the letter only when the closure succeeds. A redriven job keeps its idempotency key,
+//! so if two operators redrive one letter at once, or the removal fails after the job ran, the
+//! second run is a replay, not a second charge.
+
+use super::{DeadLetter, DeadLetterSink, SinkFuture};
+use crate::Error;
+use ::redis::Value;
+use ::redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+/// The version written in every record's `"v"`; records of another version are
+/// [`Error::Corrupt`].
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The stream field that holds a letter's JSON.
+pub const FIELD: &str = "letter";
+
+/// Entries read per `XRANGE` when listing.
+const PAGE: usize = 500;
+
+/// Raw stream entries: the id, and the `letter` field's bytes when the entry has one.
+type Entries = Vec<(String, Option<Vec<u8>>)>;
+
+/// Dead letters in a Redis Stream. `Clone` shares the connection.
+#[derive(Clone)]
+pub struct RedisDeadLetters {
+    connection: ConnectionManager,
+    stream: Arc<str>,
+    max_len: usize,
+}
+
+impl fmt::Debug for RedisDeadLetters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisDeadLetters")
+            .field("stream", &self.stream)
+            .field("max_len", &self.max_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failed [`redrive`](RedisDeadLetters::redrive).
+#[derive(Debug)]
+pub enum RedriveError<E> {
+    /// The closure failed: the letter is kept.
+    Job(E),
+    /// The letter could not be read ([`Error::Store`], [`Error::Corrupt`]), or the closure
+    /// succeeded and the letter could not be removed afterwards ([`Error::Store`]).
+    Store(Error),
+}
+
+impl<E: fmt::Display> fmt::Display for RedriveError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedriveError::Job(e) => write!(f, "redriven job failed, letter kept: {e}"),
+            RedriveError::Store(e) => write!(f, "dead-letter stream: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RedriveError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RedriveError::Job(e) => Some(e),
+            RedriveError::Store(e) => Some(e),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    v: u32,
+    #[serde(flatten)]
+    letter: &'a DeadLetter,
+}
+
+#[derive(Deserialize)]
+struct Version {
+    v: Option<u32>,
+}
+
+/// A letter as a record: its JSON with the format version.
+pub fn encode(letter: &DeadLetter) -> String {
+    let record = RecordOut {
+        v: FORMAT_VERSION,
+        letter,
+    };
+    // A DeadLetter is plain data (strings, numbers, times after the epoch, JSON): it serializes.
+    serde_json::to_string(&record).unwrap_or_else(|e| {
+        format!(
+            r#"{{"v":{FORMAT_VERSION},"unserializable":{:?}}}"#,
+            e.to_string()
+        )
+    })
+}
+
+/// A record as a letter; anything else is [`Error::Corrupt`].
+pub fn decode(record: &[u8]) -> Result<DeadLetter, Error> {
+    let version: Version = serde_json::from_slice(record)
+        .map_err(|e| Error::Corrupt(format!("not a JSON record: {e}")))?;
+    match version.v {
+        Some(FORMAT_VERSION) => {}
+        Some(v) => {
+            return Err(Error::Corrupt(format!(
+                "record format version {v} (this build reads {FORMAT_VERSION})"
+            )));
+        }
+        None => return Err(Error::Corrupt("record without a format version".into())),
+    }
+    serde_json::from_slice(record).map_err(|e| Error::Corrupt(format!("not a dead letter: {e}")))
+}
+
+impl RedisDeadLetters {
+    /// The stream length [`new`](Self::new) and [`connect`](Self::connect) trim to.
+    pub const DEFAULT_MAX_LEN: usize = 10_000;
+
+    /// Connects to the server at `url` (`redis://[user:password@]host[:port][/db]`, or
+    /// `rediss://` for TLS) with the timeouts of
+    /// [`RedisStore::default_config`](crate::store::redis::RedisStore::default_config), and
+    /// keeps letters in the stream `stream_key`.
+    ///
+    /// A malformed URL or an unreachable server is [`Error::Store`].
+    pub async fn connect(url: &str, stream_key: impl Into<String>) -> Result<Self, Error> {
+        let client = ::redis::Client::open(url)
+            .map_err(|e| Error::Store(format!("invalid Redis URL: {e}")))?;
+        if url.starts_with("rediss://") {
+            install_crypto_provider();
+        }
+        let config = crate::store::redis::RedisStore::default_config();
+        let connection = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| Error::Store(format!("cannot connect to Redis: {e}")))?;
+        Ok(Self::new(connection, stream_key))
+    }
+
+    /// Letters in the stream `stream_key`, on a connection manager the caller built (for
+    /// example [`RedisStore::manager`](crate::store::redis::RedisStore::manager), to share one
+    /// connection with the idempotency store).
+    pub fn new(connection: ConnectionManager, stream_key: impl Into<String>) -> Self {
+        RedisDeadLetters {
+            connection,
+            stream: stream_key.into().into(),
+            max_len: Self::DEFAULT_MAX_LEN,
+        }
+    }
+
+    /// Trims the stream to about `max_len` letters (at least 1) as new ones arrive.
+    pub fn max_len(mut self, max_len: usize) -> Self {
+        self.max_len = max_len.max(1);
+        self
+    }
+
+    /// The stream's key.
+    pub fn stream_key(&self) -> &str {
+        &self.stream
+    }
+
+    /// Appends one letter and returns its entry id.
+    pub async fn add(&self, letter: &DeadLetter) -> Result<String, Error> {
+        let reply: Value = ::redis::cmd("XADD")
+            .arg(&*self.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.max_len)
+            .arg("*")
+            .arg(FIELD)
+            .arg(encode(letter))
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.store_error("XADD", &e))?;
+        text(&reply).ok_or_else(|| Error::Store(format!("unexpected reply to XADD: {reply:?}")))
+    }
+
+    /// Every letter, oldest first, with its entry id. An entry that is not a letter is
+    /// [`Error::Corrupt`] naming its id (remove it with [`remove`](Self::remove)).
+    pub async fn list(&self) -> Result<Vec<(String, DeadLetter)>, Error> {
+        let mut letters = Vec::new();
+        let mut start = "-".to_owned();
+        loop {
+            let page = self.range(&start, "+", PAGE).await?;
+            let full = page.len() == PAGE;
+            let Some(after) = page.last().map(|(id, _)| next_id(id)) else {
+                break;
+            };
+            for (id, record) in page {
+                let letter = self.decode_entry(&id, record)?;
+                letters.push((id, letter));
+            }
+            match after {
+                Some(after) if full => start = after,
+                _ => break,
+            }
+        }
+        Ok(letters)
+    }
+
+    /// How many letters the stream holds.
+    pub async fn len(&self) -> Result<usize, Error> {
+        ::redis::cmd("XLEN")
+            .arg(&*self.stream)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.store_error("XLEN", &e))
+    }
+
+    /// `true` when the stream holds no letter.
+    pub async fn is_empty(&self) -> Result<bool, Error> {
+        Ok(self.len().await? == 0)
+    }
+
+    /// The letter with entry id `id`, or `None` when there is none.
+    pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, Error> {
+        let mut page = self.range(id, id, 1).await?;
+        match page.pop() {
+            Some((found, record)) => self.decode_entry(&found, record).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Removes the entry `id`, letter or not: `true` when there was one.
+    pub async fn remove(&self, id: &str) -> Result<bool, Error> {
+        let removed: u64 = ::redis::cmd("XDEL")
+            .arg(&*self.stream)
+            .arg(id)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.store_error("XDEL", &e))?;
+        Ok(removed > 0)
+    }
+
+    /// Runs `job` on the letter `id` and removes the letter only when `job` succeeds.
+    ///
+    /// `Ok(true)`: redriven and removed. `Ok(false)`: there is no letter `id`, and `job` did not
+    /// run. `Err(RedriveError::Job(e))`: `job` failed and the letter is kept for another try.
+    ///
+    /// ```no_run
+    /// # async fn demo(letters: jobguard::dead_letter::redis::RedisDeadLetters, id: &str) {
+    /// async fn charge(order_id: &str, key: &str) -> Result<(), std::io::Error> {
+    ///     # let _ = (order_id, key);
+    ///     Ok(())
+    /// }
+    ///
+    /// let redriven = letters
+    ///     .redrive(id, |letter| async move {
+    ///         let (order_id,): (String,) = letter.payload_as().expect("payload")?;
+    ///         charge(&order_id, letter.key.as_deref().unwrap_or_default()).await
+    ///     })
+    ///     .await;
+    /// # drop(redriven);
+    /// # }
+    /// ```
+    pub async fn redrive<F, Fut, E>(&self, id: &str, job: F) -> Result<bool, RedriveError<E>>
+    where
+        F: FnOnce(DeadLetter) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+    {
+        let Some(letter) = self.get(id).await.map_err(RedriveError::Store)? else {
+            return Ok(false);
+        };
+        job(letter).await.map_err(RedriveError::Job)?;
+        self.remove(id).await.map_err(RedriveError::Store)?;
+        Ok(true)
+    }
+
+    /// Up to `count` raw entries with ids in `[start, end]`: `(id, letter field or None)`.
+    async fn range(&self, start: &str, end: &str, count: usize) -> Result<Entries, Error> {
+        let reply: Value = ::redis::cmd("XRANGE")
+            .arg(&*self.stream)
+            .arg(start)
+            .arg(end)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.store_error("XRANGE", &e))?;
+        parse_range(reply).map_err(|why| Error::Store(format!("unexpected reply to XRANGE: {why}")))
+    }
+
+    fn decode_entry(&self, id: &str, record: Option<Vec<u8>>) -> Result<DeadLetter, Error> {
+        let corrupt = |why: String| {
+            Error::Corrupt(format!("dead letter {id} in stream {}: {why}", self.stream))
+        };
+        let record = record.ok_or_else(|| corrupt(format!("no `{FIELD}` field")))?;
+        decode(&record).map_err(|e| match e {
+            Error::Corrupt(why) => corrupt(why),
+            other => other,
+        })
+    }
+
+    fn store_error(&self, command: &str, e: &::redis::RedisError) -> Error {
+        Error::Store(format!(
+            "dead-letter stream {}: {command} failed: {e}",
+            self.stream
+        ))
+    }
+}
+
+impl DeadLetterSink for RedisDeadLetters {
+    fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
+        Box::pin(async move { self.add(&letter).await.map(drop) })
+    }
+}
+
+/// The id right after `id` (`ms-seq` → `ms-(seq+1)`), to page through `XRANGE` on any Redis
+/// version; `None` when `id` is not an entry id or is the last possible one.
+fn next_id(id: &str) -> Option<String> {
+    let (ms, seq) = id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    match seq.checked_add(1) {
+        Some(seq) => Some(format!("{ms}-{seq}")),
+        None => Some(format!("{}-0", ms.checked_add(1)?)),
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// `XRANGE`'s reply: `[[id, [field, value, ...]], ...]` (RESP2) or the same with a map of
+/// fields (RESP3).
+fn parse_range(reply: Value) -> Result<Entries, String> {
+    let Value::Array(entries) = reply else {
+        return Err(format!("{reply:?}"));
+    };
+    entries
+        .into_iter()
+        .map(|entry| {
+            let Value::Array(parts) = entry else {
+                return Err(format!("entry {entry:?}"));
+            };
+            let mut parts = parts.into_iter();
+            let id = parts
+                .next()
+                .as_ref()
+                .and_then(text)
+                .ok_or("entry without an id")?;
+            let pairs: Vec<(Value, Value)> = match parts.next() {
+                Some(Value::Array(flat)) => {
+                    let mut flat = flat.into_iter();
+                    let mut pairs = Vec::new();
+                    while let (Some(k), Some(v)) = (flat.next(), flat.next()) {
+                        pairs.push((k, v));
+                    }
+                    pairs
+                }
+                Some(Value::Map(pairs)) => pairs,
+                Some(Value::Nil) | None => Vec::new(),
+                Some(other) => return Err(format!("fields {other:?}")),
+            };
+            let letter = pairs.into_iter().find_map(|(k, v)| match (text(&k), v) {
+                (Some(k), Value::BulkString(bytes)) if k == FIELD => Some(bytes),
+                (Some(k), Value::SimpleString(s)) if k == FIELD => Some(s.into_bytes()),
+                _ => None,
+            });
+            Ok((id, letter))
+        })
+        .collect()
+}
+
+/// Installs rustls' `ring` provider as the process default unless one is installed already, so
+/// that a `rediss://` handshake finds a provider whatever else the build enabled.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race with another installer is fine: some provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::GiveUp;
+    use std::time::{Duration, SystemTime};
+
+    fn letter() -> DeadLetter {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        DeadLetter::new(
+            "payments::charge",
+            Some("idem-2".into()),
+            GiveUp::Exhausted,
+            5,
+            "timeout",
+            t,
+            t,
+        )
+        .with_history(vec!["timeout".into(); 2])
+        .with_payload(Some(serde_json::json!(["order-B", 100])))
+    }
+
+    #[test]
+    fn records_round_trip_with_their_version() {
+        let record = encode(&letter());
+        assert!(record.starts_with(r#"{"v":1,"#), "{record}");
+        assert_eq!(decode(record.as_bytes()).unwrap(), letter());
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_corrupt() {
+        let v2 = encode(&letter()).replacen(r#""v":1"#, r#""v":2"#, 1);
+        for bad in [v2.as_str(), "", "{}", "[1]", r#"{"v":1,"job":7}"#, "\u{0}"] {
+            assert!(
+                matches!(decode(bad.as_bytes()), Err(Error::Corrupt(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ids_advance_within_and_across_milliseconds() {
+        assert_eq!(next_id("5-0").as_deref(), Some("5-1"));
+        assert_eq!(next_id(&format!("5-{}", u64::MAX)).as_deref(), Some("6-0"));
+        assert_eq!(next_id("nope"), None);
+    }
+
+    #[test]
+    fn replies_parse_in_both_protocols() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![Value::Array(vec![
+            bulk("1-0"),
+            Value::Array(vec![bulk("other"), bulk("x"), bulk(FIELD), bulk("{}")]),
+        ])]);
+        assert_eq!(
+            parse_range(resp2).unwrap(),
+            [("1-0".into(), Some(b"{}".to_vec()))]
+        );
+        let resp3 = Value::Array(vec![Value::Array(vec![
+            bulk("2-0"),
+            Value::Map(vec![(bulk("other"), bulk("x"))]),
+        ])]);
+        assert_eq!(parse_range(resp3).unwrap(), [("2-0".into(), None)]);
+        assert!(parse_range(Value::Int(3)).is_err());
+    }
+}

@@ -1,0 +1,250 @@
+//! Counters and a gauge through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`), recorded for every [`Event`] into whatever recorder the process installed
+//! (`metrics-exporter-prometheus`, StatsD, …). Without a recorder they cost one check each.
+//!
+//! | metric | kind | labels | incremented when |
+//! |---|---|---|---|
+//! | `jobguard_attempts_total` | counter | `job` | an attempt starts |
+//! | `jobguard_retries_total` | counter | `job` | a failed attempt will be retried |
+//! | `jobguard_dead_lettered_total` | counter | `job`, `reason` | a job gives up (`reason`: [`GiveUp::as_str`](crate::GiveUp::as_str)) |
+//! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
+//! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker |
+//! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
+//! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
+//! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
+//!
+//! The names already end in `_total`, so an exporter that appends the suffix to counters (the
+//! Prometheus exporter's `with_recommended_naming(true)`) leaves them as they are.
+//!
+//! The health signal is the pair attempts and dead letters: attempts slightly above the job count
+//! and dead letters near zero is healthy; a rising ratio of attempts to jobs is the early warning
+//! that a dependency is degrading.
+//!
+//! ```
+//! // After installing a recorder, give every metric its help text:
+//! jobguard::observe::metrics::describe();
+//! ```
+//!
+//! A `job` or `breaker` label value is interned the first time it is seen (up to
+//! [`MAX_INTERNED`] distinct values per label, kept for the life of the process), so recording
+//! an event for a known job allocates nothing. Values beyond that bound are still recorded, at
+//! the cost of an allocation per event.
+
+use crate::BreakerState;
+use crate::dead_letter::DeadLetter;
+use crate::observe::Event;
+use ::metrics::{Key, Label, Level, Metadata};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
+/// `jobguard_attempts_total{job}`: attempts started.
+pub const ATTEMPTS: &str = "jobguard_attempts_total";
+/// `jobguard_retries_total{job}`: failed attempts that will be retried.
+pub const RETRIES: &str = "jobguard_retries_total";
+/// `jobguard_dead_lettered_total{job,reason}`: give-ups.
+pub const DEAD_LETTERED: &str = "jobguard_dead_lettered_total";
+/// `jobguard_replays_total{job}`: idempotent calls answered from a stored result.
+pub const REPLAYS: &str = "jobguard_replays_total";
+/// `jobguard_in_progress_total{job}`: idempotent calls that found the key held by another worker.
+pub const IN_PROGRESS: &str = "jobguard_in_progress_total";
+/// `jobguard_breaker_transitions_total{breaker,to}`: breaker state changes.
+pub const BREAKER_TRANSITIONS: &str = "jobguard_breaker_transitions_total";
+/// `jobguard_breaker_state{breaker}`: 0 closed, 1 open, 2 half-open.
+pub const BREAKER_STATE: &str = "jobguard_breaker_state";
+/// `jobguard_dead_letters_dropped_total{sink}`: letters a bounded sink dropped at capacity.
+pub const DEAD_LETTERS_DROPPED: &str = "jobguard_dead_letters_dropped_total";
+
+/// The most distinct values of one label (`job`, `breaker`) kept interned.
+pub const MAX_INTERNED: usize = 1024;
+
+/// Registers the help text of every jobguard metric with the current recorder. Call it once
+/// after installing the recorder; metrics work without it, minus their `# HELP` lines.
+pub fn describe() {
+    use ::metrics::{describe_counter, describe_gauge};
+    describe_counter!(ATTEMPTS, "Job attempts started.");
+    describe_counter!(RETRIES, "Failed job attempts that will be retried.");
+    describe_counter!(
+        DEAD_LETTERED,
+        "Jobs that gave up and were dead-lettered, by reason."
+    );
+    describe_counter!(REPLAYS, "Idempotent calls answered from a stored result.");
+    describe_counter!(
+        IN_PROGRESS,
+        "Idempotent calls that found their key held by another worker."
+    );
+    describe_counter!(
+        BREAKER_TRANSITIONS,
+        "Circuit breaker state changes, by new state."
+    );
+    describe_gauge!(
+        BREAKER_STATE,
+        "Circuit breaker state: 0 closed, 1 open, 2 half-open."
+    );
+    describe_counter!(
+        DEAD_LETTERS_DROPPED,
+        "Dead letters dropped by a bounded sink at capacity."
+    );
+}
+
+/// The gauge value of a breaker state.
+pub const fn state_value(state: BreakerState) -> f64 {
+    match state {
+        BreakerState::Closed => 0.0,
+        BreakerState::Open => 1.0,
+        BreakerState::HalfOpen => 2.0,
+    }
+}
+
+static METADATA: Metadata<'static> = Metadata::new("jobguard", Level::INFO, Some(module_path!()));
+
+/// The metrics view of one event.
+pub(crate) fn record(event: &Event<'_>) {
+    match *event {
+        Event::Attempt { job, .. } => increment(ATTEMPTS, Dim::Job, job),
+        Event::Retry { job, .. } => increment(RETRIES, Dim::Job, job),
+        Event::DeadLetter(letter) => dead_lettered(letter),
+        Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
+        Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
+        Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),
+        _ => {}
+    }
+}
+
+/// Counts a letter a bounded sink dropped.
+#[cold]
+pub(crate) fn dead_letter_dropped(sink: &'static str) {
+    let key = Key::from_parts(DEAD_LETTERS_DROPPED, vec![Label::new("sink", sink)]);
+    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+}
+
+#[cold]
+fn dead_lettered(letter: &DeadLetter) {
+    let labels = vec![
+        Label::new("job", letter.job.clone()),
+        Label::new("reason", letter.reason.as_str()),
+    ];
+    let key = Key::from_parts(DEAD_LETTERED, labels);
+    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+}
+
+#[cold]
+fn breaker_transition(breaker: &str, to: BreakerState) {
+    let labels = vec![
+        Label::new("breaker", breaker.to_owned()),
+        Label::new("to", to.as_str()),
+    ];
+    let transitions = Key::from_parts(BREAKER_TRANSITIONS, labels);
+    let state = key(BREAKER_STATE, Dim::Breaker, breaker);
+    ::metrics::with_recorder(|r| {
+        r.register_counter(&transitions, &METADATA).increment(1);
+        r.register_gauge(&state, &METADATA).set(state_value(to));
+    });
+}
+
+#[inline]
+fn increment(name: &'static str, dim: Dim, value: &str) {
+    let key = key(name, dim, value);
+    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+}
+
+/// A key with one label, from the interned labels when there is room for them.
+fn key(name: &'static str, dim: Dim, value: &str) -> Key {
+    match interned(dim, value) {
+        Some(labels) => Key::from_static_labels(name, labels),
+        None => Key::from_parts(name, vec![Label::new(dim.key(), value.to_owned())]),
+    }
+}
+
+/// The label a metric is keyed by.
+#[derive(Clone, Copy)]
+enum Dim {
+    Job = 0,
+    Breaker = 1,
+}
+
+impl Dim {
+    const fn key(self) -> &'static str {
+        match self {
+            Dim::Job => "job",
+            Dim::Breaker => "breaker",
+        }
+    }
+}
+
+type Interned = [HashMap<&'static str, &'static [Label]>; 2];
+
+/// Every interned label, shared by the threads; locked only the first time a thread sees a value.
+static GLOBAL: LazyLock<Mutex<Interned>> = LazyLock::new(Mutex::default);
+
+thread_local! {
+    /// This thread's view of [`GLOBAL`]: read without a lock.
+    static LOCAL: RefCell<Interned> = RefCell::default();
+}
+
+/// The one-label slice `[dim = value]`, leaked once per distinct value for the life of the
+/// process, or `None` once [`MAX_INTERNED`] values of `dim` are interned.
+fn interned(dim: Dim, value: &str) -> Option<&'static [Label]> {
+    LOCAL
+        .try_with(|local| {
+            if let Some(&labels) = local.borrow()[dim as usize].get(value) {
+                return Some(labels);
+            }
+            let (name, labels) = intern_globally(dim, value)?;
+            local.borrow_mut()[dim as usize].insert(name, labels);
+            Some(labels)
+        })
+        .ok()
+        .flatten()
+}
+
+#[cold]
+fn intern_globally(dim: Dim, value: &str) -> Option<(&'static str, &'static [Label])> {
+    let mut global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
+    let map = &mut global[dim as usize];
+    if let Some((&name, &labels)) = map.get_key_value(value) {
+        return Some((name, labels));
+    }
+    if map.len() >= MAX_INTERNED {
+        return None;
+    }
+    let name: &'static str = Box::leak(value.to_owned().into_boxed_str());
+    let labels: &'static [Label] = Box::leak(Box::new([Label::from_static_parts(dim.key(), name)]));
+    map.insert(name, labels);
+    Some((name, labels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interned_labels_are_shared_and_bounded_per_label() {
+        let a = interned(Dim::Job, "tests::interned").unwrap();
+        let b = interned(Dim::Job, "tests::interned").unwrap();
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(a[0].key(), "job");
+        assert_eq!(a[0].value(), "tests::interned");
+        let other = std::thread::spawn(|| interned(Dim::Job, "tests::interned").unwrap())
+            .join()
+            .unwrap();
+        assert!(std::ptr::eq(a, other), "one leak per value across threads");
+    }
+
+    #[test]
+    fn keys_past_the_bound_still_carry_their_label() {
+        for i in 0..=MAX_INTERNED {
+            let _ = interned(Dim::Breaker, &format!("bound-{i}"));
+        }
+        let k = key(ATTEMPTS, Dim::Breaker, "past-the-bound");
+        let labels: Vec<_> = k.labels().map(|l| (l.key(), l.value())).collect();
+        assert_eq!(labels, [("breaker", "past-the-bound")]);
+    }
+
+    #[test]
+    fn states_map_to_gauge_values() {
+        assert_eq!(state_value(BreakerState::Closed), 0.0);
+        assert_eq!(state_value(BreakerState::Open), 1.0);
+        assert_eq!(state_value(BreakerState::HalfOpen), 2.0);
+    }
+}

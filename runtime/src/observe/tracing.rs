@@ -1,0 +1,131 @@
+//! Spans and events through [`tracing`](https://docs.rs/tracing) (feature `tracing`).
+//!
+//! Every call of a retried job runs in one span, target `jobguard`, named [`SPAN`], with the
+//! fields `job`, `key` (when the job has one) and `attempt`, which is recorded as each attempt
+//! starts. The job's body runs inside it, so its own events nest under the call.
+//!
+//! Events, all with target `jobguard`:
+//!
+//! | event | level | message | fields |
+//! |---|---|---|---|
+//! | a failed attempt will be retried | `INFO` | `retrying` | `attempt`, `delay`, `verdict`, `error` |
+//! | the job gave up | `WARN` | `gave up` | `reason`, `attempts`, `error` |
+//! | the job succeeded | `DEBUG` | `succeeded` | `attempts` |
+//! | a completed key was replayed | `INFO` | `replayed` | `scope`, `key` |
+//! | the key is held by another worker | `INFO` | `in progress elsewhere` | `scope`, `key`, `retry_in` |
+//! | the claim's lease was lost | `WARN` | `lease lost` | `scope`, `key` |
+//! | the result could not be stored | `WARN` | `result not stored` | `scope`, `key` |
+//! | a breaker changed state | `WARN` when it opens, else `INFO` | `breaker transition` | `breaker`, `from`, `to` |
+//!
+//! The give-up and retry events are inside the job's span, so `job` and `key` come from it.
+//! Dead letters written by the default [`LogDeadLetters`](crate::LogDeadLetters) sink, and the
+//! runtime's own error reports (a dead letter that could not be sent, a letter dropped at
+//! capacity), are `ERROR` events with target `jobguard`.
+//!
+//! Without a subscriber, or with one that filters `jobguard` out, none of this allocates.
+
+use crate::BreakerState;
+use crate::observe::Event;
+use ::tracing::instrument::{Instrument, Instrumented};
+use ::tracing::{Level, Span, debug, info, warn};
+
+/// The name of the span of one job call.
+pub const SPAN: &str = "job";
+
+/// The span of one job call, made the first time it is needed.
+#[derive(Default)]
+pub(crate) struct JobSpan {
+    span: Option<Span>,
+}
+
+impl JobSpan {
+    pub(crate) const fn new() -> Self {
+        JobSpan { span: None }
+    }
+
+    /// The span, made on first use with the job's name and key.
+    pub(crate) fn get(&mut self, job: &str, key: Option<&str>) -> &Span {
+        self.span.get_or_insert_with(|| {
+            ::tracing::span!(
+                target: "jobguard",
+                Level::INFO,
+                SPAN,
+                job,
+                key,
+                attempt = ::tracing::field::Empty,
+            )
+        })
+    }
+}
+
+impl JobSpan {
+    /// `future`, run inside the span.
+    pub(crate) fn instrument<F>(
+        &mut self,
+        job: &str,
+        key: Option<&str>,
+        future: F,
+    ) -> Instrumented<F> {
+        future.instrument(self.get(job, key).clone())
+    }
+}
+
+/// The tracing view of one event, raised in the job's span when there is one.
+pub(crate) fn record(event: &Event<'_>) {
+    match *event {
+        Event::Attempt { attempt, .. } => {
+            Span::current().record("attempt", attempt);
+        }
+        Event::Retry {
+            attempt,
+            delay,
+            verdict,
+            error,
+            ..
+        } => info!(
+            target: "jobguard",
+            attempt,
+            delay = ?delay,
+            verdict = ?verdict,
+            error = %error,
+            "retrying",
+        ),
+        Event::Succeeded { attempts, .. } => debug!(target: "jobguard", attempts, "succeeded"),
+        Event::DeadLetter(letter) => warn!(
+            target: "jobguard",
+            reason = letter.reason.as_str(),
+            attempts = letter.attempts,
+            error = %letter.error,
+            "gave up",
+        ),
+        Event::Replayed { scope, key } => info!(target: "jobguard", scope, key, "replayed"),
+        Event::InProgress {
+            scope,
+            key,
+            retry_in,
+        } => info!(
+            target: "jobguard",
+            scope,
+            key,
+            retry_in = ?retry_in,
+            "in progress elsewhere",
+        ),
+        Event::LeaseLost { scope, key } => warn!(target: "jobguard", scope, key, "lease lost"),
+        Event::StoreFailed { scope, key } => {
+            warn!(target: "jobguard", scope, key, "result not stored")
+        }
+        Event::Breaker { breaker, from, to } => breaker_transition(breaker, from, to),
+        _ => {}
+    }
+}
+
+#[cold]
+fn breaker_transition(breaker: &str, from: BreakerState, to: BreakerState) {
+    let opened = to == BreakerState::Open;
+    let (from, to) = (from.as_str(), to.as_str());
+    if opened {
+        warn!(target: "jobguard", breaker, from, to, "breaker transition");
+    } else {
+        info!(target: "jobguard", breaker, from, to, "breaker transition");
+    }
+}
