@@ -130,11 +130,7 @@ fn dead_lettered(letter: &DeadLetter) {
 
 #[cold]
 fn breaker_transition(breaker: &str, to: BreakerState) {
-    let labels = vec![
-        Label::new("breaker", breaker.to_owned()),
-        Label::new("to", to.as_str()),
-    ];
-    let transitions = Key::from_parts(BREAKER_TRANSITIONS, labels);
+    let transitions = key(BREAKER_TRANSITIONS, Dim::BreakerTo(to), breaker);
     let state = key(BREAKER_STATE, Dim::Breaker, breaker);
     ::metrics::with_recorder(|r| {
         r.register_counter(&transitions, &METADATA).increment(1);
@@ -148,31 +144,48 @@ fn increment(name: &'static str, dim: Dim, value: &str) {
     ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
 }
 
-/// A key with one label, from the interned labels when there is room for them.
+/// A key labelled by `dim` with `value`, from the interned labels when there is room for them.
 fn key(name: &'static str, dim: Dim, value: &str) -> Key {
     match interned(dim, value) {
         Some(labels) => Key::from_static_labels(name, labels),
-        None => Key::from_parts(name, vec![Label::new(dim.key(), value.to_owned())]),
+        None => Key::from_parts(name, dim.labels(value.to_owned())),
     }
 }
 
-/// The label a metric is keyed by.
+/// The labels a metric is keyed by, all but one of them fixed: `value` is the other's.
 #[derive(Clone, Copy)]
 enum Dim {
-    Job = 0,
-    Breaker = 1,
+    /// `job = value`.
+    Job,
+    /// `breaker = value`.
+    Breaker,
+    /// `breaker = value, to = state`.
+    BreakerTo(BreakerState),
 }
 
+const DIMS: usize = 5;
+
 impl Dim {
-    const fn key(self) -> &'static str {
+    const fn index(self) -> usize {
         match self {
-            Dim::Job => "job",
-            Dim::Breaker => "breaker",
+            Dim::Job => 0,
+            Dim::Breaker => 1,
+            Dim::BreakerTo(BreakerState::Closed) => 2,
+            Dim::BreakerTo(BreakerState::Open) => 3,
+            Dim::BreakerTo(BreakerState::HalfOpen) => 4,
+        }
+    }
+
+    fn labels<V: Into<::metrics::SharedString>>(self, value: V) -> Vec<Label> {
+        match self {
+            Dim::Job => vec![Label::new("job", value)],
+            Dim::Breaker => vec![Label::new("breaker", value)],
+            Dim::BreakerTo(to) => vec![Label::new("breaker", value), Label::new("to", to.as_str())],
         }
     }
 }
 
-type Interned = [HashMap<&'static str, &'static [Label]>; 2];
+type Interned = [HashMap<&'static str, &'static [Label]>; DIMS];
 
 /// Every interned label, shared by the threads; locked only the first time a thread sees a value.
 static GLOBAL: LazyLock<Mutex<Interned>> = LazyLock::new(Mutex::default);
@@ -182,16 +195,16 @@ thread_local! {
     static LOCAL: RefCell<Interned> = RefCell::default();
 }
 
-/// The one-label slice `[dim = value]`, leaked once per distinct value for the life of the
-/// process, or `None` once [`MAX_INTERNED`] values of `dim` are interned.
+/// The labels of `dim` with `value`, leaked once per distinct value for the life of the process,
+/// or `None` once [`MAX_INTERNED`] values of `dim` are interned.
 fn interned(dim: Dim, value: &str) -> Option<&'static [Label]> {
     LOCAL
         .try_with(|local| {
-            if let Some(&labels) = local.borrow()[dim as usize].get(value) {
+            if let Some(&labels) = local.borrow()[dim.index()].get(value) {
                 return Some(labels);
             }
             let (name, labels) = intern_globally(dim, value)?;
-            local.borrow_mut()[dim as usize].insert(name, labels);
+            local.borrow_mut()[dim.index()].insert(name, labels);
             Some(labels)
         })
         .ok()
@@ -201,7 +214,7 @@ fn interned(dim: Dim, value: &str) -> Option<&'static [Label]> {
 #[cold]
 fn intern_globally(dim: Dim, value: &str) -> Option<(&'static str, &'static [Label])> {
     let mut global = GLOBAL.lock().unwrap_or_else(|p| p.into_inner());
-    let map = &mut global[dim as usize];
+    let map = &mut global[dim.index()];
     if let Some((&name, &labels)) = map.get_key_value(value) {
         return Some((name, labels));
     }
@@ -209,7 +222,7 @@ fn intern_globally(dim: Dim, value: &str) -> Option<(&'static str, &'static [Lab
         return None;
     }
     let name: &'static str = Box::leak(value.to_owned().into_boxed_str());
-    let labels: &'static [Label] = Box::leak(Box::new([Label::from_static_parts(dim.key(), name)]));
+    let labels: &'static [Label] = dim.labels(name).leak();
     map.insert(name, labels);
     Some((name, labels))
 }
@@ -229,6 +242,9 @@ mod tests {
             .join()
             .unwrap();
         assert!(std::ptr::eq(a, other), "one leak per value across threads");
+        let to = interned(Dim::BreakerTo(BreakerState::HalfOpen), "tests::interned").unwrap();
+        let to: Vec<_> = to.iter().map(|l| (l.key(), l.value())).collect();
+        assert_eq!(to, [("breaker", "tests::interned"), ("to", "half_open")]);
     }
 
     #[test]
