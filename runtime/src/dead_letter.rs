@@ -409,9 +409,10 @@ where
     }
 }
 
-/// The embedded default sink: each letter is written to the log at error level (a `tracing`
-/// event with the job, key, reason, attempts and error as fields with the `tracing` feature,
-/// else a line on stderr) and kept in a bounded [`MemoryDeadLetters`].
+/// The embedded default sink: each letter is written to the log at error level and kept in a
+/// bounded [`MemoryDeadLetters`]. With the `tracing` feature and a subscriber set, the log is a
+/// `tracing` event (target `jobguard`, message `dead letter`, the job, key, reason, attempts and
+/// error as fields); otherwise it is a line on stderr.
 #[derive(Clone, Debug, Default)]
 pub struct LogDeadLetters {
     kept: MemoryDeadLetters,
@@ -439,24 +440,31 @@ impl LogDeadLetters {
 impl DeadLetterSink for LogDeadLetters {
     fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
         #[cfg(feature = "tracing")]
-        ::tracing::error!(
-            target: "jobguard",
-            job = %letter.job,
-            key = letter.key.as_deref(),
-            reason = letter.reason.as_str(),
-            attempts = letter.attempts,
-            error = %letter.error,
-            "dead letter",
-        );
+        let logged = crate::observe::tracing::has_subscriber();
+        #[cfg(feature = "tracing")]
+        if logged {
+            ::tracing::error!(
+                target: "jobguard",
+                job = %letter.job,
+                key = letter.key.as_deref(),
+                reason = letter.reason.as_str(),
+                attempts = letter.attempts,
+                error = %letter.error,
+                "dead letter",
+            );
+        }
         #[cfg(not(feature = "tracing"))]
-        crate::observe::log_error(format_args!(
-            "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}",
-            letter.job,
-            letter.key.as_deref().unwrap_or("-"),
-            letter.reason,
-            letter.attempts,
-            letter.error
-        ));
+        let logged = false;
+        if !logged {
+            crate::observe::log_error(format_args!(
+                "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}",
+                letter.job,
+                letter.key.as_deref().unwrap_or("-"),
+                letter.reason,
+                letter.attempts,
+                letter.error
+            ));
+        }
         self.kept.push(letter);
         Box::pin(std::future::ready(Ok(())))
     }

@@ -149,11 +149,15 @@ pub(crate) fn record(event: &Event<'_>) {
     let _ = event;
 }
 
-/// Writes an error-level line to the log: `tracing` when that feature is on, else stderr.
+/// Writes an error-level line to the log: a `tracing` event (target `jobguard`) when that
+/// feature is on and a subscriber is set, else a line on stderr, so that no report is lost to
+/// a process that never set one up.
 #[cold]
 pub(crate) fn log_error(args: fmt::Arguments<'_>) {
     #[cfg(feature = "tracing")]
-    ::tracing::error!(target: "jobguard", "{args}");
-    #[cfg(not(feature = "tracing"))]
+    if self::tracing::has_subscriber() {
+        ::tracing::error!(target: "jobguard", "{args}");
+        return;
+    }
     eprintln!("{args}");
 }

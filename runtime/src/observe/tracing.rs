@@ -22,7 +22,8 @@
 //! runtime's own error reports (a dead letter that could not be sent, a letter dropped at
 //! capacity), are `ERROR` events with target `jobguard`.
 //!
-//! Without a subscriber, or with one that filters `jobguard` out, none of this allocates.
+//! Without a subscriber, or with one that filters `jobguard` out, none of this allocates. A
+//! process that never set a subscriber still sees the error reports: they go to stderr.
 
 use crate::BreakerState;
 use crate::observe::Event;
@@ -68,6 +69,12 @@ impl JobSpan {
     ) -> Instrumented<F> {
         future.instrument(self.get(job, key).clone())
     }
+}
+
+/// `true` when a subscriber is set for this thread or the process; without one, error reports
+/// go to stderr instead of nowhere.
+pub(crate) fn has_subscriber() -> bool {
+    ::tracing::dispatcher::get_default(|d| !d.is::<::tracing::subscriber::NoSubscriber>())
 }
 
 /// The tracing view of one event, raised in the job's span when there is one.

@@ -1,0 +1,209 @@
+//! The `metrics` integration as a Prometheus exporter renders it: every jobguard metric once,
+//! with the right `# TYPE`, no `_total_total` under either naming mode, and the values a
+//! scenario leaves (attempts, retries, dead letters by reason, replays, in-progress, breaker
+//! transitions and state, dropped letters).
+
+use jobguard::observe::metrics as names;
+use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+#[derive(Debug, jobguard::Transient)]
+enum GatewayError {
+    #[transient]
+    Timeout,
+    Declined,
+    #[transient(from)]
+    Jobguard(jobguard::Error),
+}
+
+impl From<jobguard::Error> for GatewayError {
+    fn from(e: jobguard::Error) -> Self {
+        GatewayError::Jobguard(e)
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::Timeout => f.write_str("gateway timeout"),
+            GatewayError::Declined => f.write_str("card declined"),
+            GatewayError::Jobguard(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[jobguard::idempotent(key = order_id, scope = "payments.charge")]
+#[jobguard::retry(attempts = 5, base = "500ms", jitter = none)]
+async fn charge(order_id: &str, calls: &AtomicU32, fail: u32) -> Result<u64, GatewayError> {
+    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if n <= fail {
+        return Err(GatewayError::Timeout);
+    }
+    Ok(100)
+}
+
+#[jobguard::retry(attempts = 5, base = "500ms", jitter = none)]
+async fn decline() -> Result<(), GatewayError> {
+    Err(GatewayError::Declined)
+}
+
+#[jobguard::idempotent(key = order_id, scope = "payments.slow", in_progress = fail)]
+async fn slow(order_id: &str, gate: &Notify) -> Result<u64, GatewayError> {
+    gate.notified().await;
+    Ok(1)
+}
+
+static GATEWAY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30)).named("gateway");
+
+/// Runs the scenario with `recorder` as this thread's recorder.
+async fn scenario(recorder: &PrometheusRecorder) {
+    let _local = metrics::set_default_local_recorder(recorder);
+    jobguard::observe::metrics::describe();
+    let letters = MemoryDeadLetters::with_capacity(1);
+    let runtime = Runtime::builder()
+        .store(MemoryStore::new())
+        .dead_letters(letters.clone())
+        .build();
+    runtime
+        .scope(async {
+            // order-A: two timeouts, then success (3 attempts, 2 retries); then a replay.
+            let a = AtomicU32::new(0);
+            charge("order-A", &a, 2).await.unwrap();
+            charge("order-A", &a, 2).await.unwrap();
+            // order-B: five timeouts, exhausted (5 attempts, 4 retries, one dead letter).
+            let b = AtomicU32::new(0);
+            assert!(charge("order-B", &b, 99).await.is_err());
+            // A permanent failure: one attempt, one dead letter; the 1-letter sink drops one.
+            assert!(decline().await.is_err());
+            // A claim held by a running call: the second call is in progress.
+            let gate = Notify::new();
+            let (first, second) = tokio::join!(slow("order-S", &gate), async {
+                let second = slow("order-S", &gate).await;
+                gate.notify_one();
+                second
+            });
+            assert!(first.is_ok());
+            assert!(matches!(
+                second,
+                Err(GatewayError::Jobguard(jobguard::Error::InProgress))
+            ));
+            // The breaker opens, then closes.
+            GATEWAY.trip();
+            GATEWAY.reset();
+        })
+        .await;
+    assert_eq!(letters.dropped(), 1);
+}
+
+/// `# TYPE` lines by name, failing on a name typed twice.
+fn types(rendered: &str) -> BTreeMap<&str, &str> {
+    let mut types = BTreeMap::new();
+    for line in rendered.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(types.insert(name, kind).is_none(), "{name} typed twice:\n{rendered}");
+        }
+    }
+    types
+}
+
+/// The sample lines, `name{labels}` to value.
+fn samples(rendered: &str) -> BTreeMap<&str, &str> {
+    rendered
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').unwrap())
+        .collect()
+}
+
+fn expected_types() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        (names::ATTEMPTS, "counter"),
+        (names::RETRIES, "counter"),
+        (names::DEAD_LETTERED, "counter"),
+        (names::REPLAYS, "counter"),
+        (names::IN_PROGRESS, "counter"),
+        (names::BREAKER_TRANSITIONS, "counter"),
+        (names::BREAKER_STATE, "gauge"),
+        (names::DEAD_LETTERS_DROPPED, "counter"),
+    ])
+}
+
+fn assert_rendered(rendered: &str) {
+    assert!(!rendered.contains("_total_total"), "{rendered}");
+    assert_eq!(types(rendered), expected_types(), "{rendered}");
+    for name in expected_types().keys() {
+        let help = format!("# HELP {name} ");
+        assert_eq!(rendered.matches(&help).count(), 1, "{name}'s help:\n{rendered}");
+    }
+    let samples = samples(rendered);
+    let expected = BTreeMap::from([
+        (r#"jobguard_attempts_total{job="metrics::charge"}"#, "8"),
+        (r#"jobguard_attempts_total{job="metrics::decline"}"#, "1"),
+        (r#"jobguard_retries_total{job="metrics::charge"}"#, "6"),
+        (
+            r#"jobguard_dead_lettered_total{job="metrics::charge",reason="exhausted"}"#,
+            "1",
+        ),
+        (
+            r#"jobguard_dead_lettered_total{job="metrics::decline",reason="permanent"}"#,
+            "1",
+        ),
+        (r#"jobguard_replays_total{job="payments.charge"}"#, "1"),
+        (r#"jobguard_in_progress_total{job="payments.slow"}"#, "1"),
+        (
+            r#"jobguard_breaker_transitions_total{breaker="gateway",to="open"}"#,
+            "1",
+        ),
+        (
+            r#"jobguard_breaker_transitions_total{breaker="gateway",to="closed"}"#,
+            "1",
+        ),
+        (r#"jobguard_breaker_state{breaker="gateway"}"#, "0"),
+        (r#"jobguard_dead_letters_dropped_total{sink="memory"}"#, "1"),
+    ]);
+    assert_eq!(samples, expected, "{rendered}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_prometheus_exporter_renders_each_metric_once_with_its_type_and_values() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    scenario(&recorder).await;
+    assert_rendered(&recorder.handle().render());
+}
+
+#[tokio::test(start_paused = true)]
+async fn recommended_naming_adds_no_second_total_suffix() {
+    let recorder = PrometheusBuilder::new()
+        .with_recommended_naming(true)
+        .build_recorder();
+    scenario(&recorder).await;
+    assert_rendered(&recorder.handle().render());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_gauge_follows_the_state() {
+    static FLAKY: CircuitBreaker = CircuitBreaker::new(1, Duration::from_secs(10)).named("flaky");
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let runtime = Runtime::builder().build();
+    let gauge = || {
+        let rendered = recorder.handle().render();
+        samples(&rendered)[r#"jobguard_breaker_state{breaker="flaky"}"#].to_owned()
+    };
+    runtime
+        .scope(async {
+            FLAKY.trip();
+            assert_eq!(gauge(), "1");
+            tokio::time::advance(Duration::from_secs(10)).await;
+            assert_eq!(FLAKY.state(), jobguard::BreakerState::HalfOpen);
+            assert_eq!(gauge(), "2");
+            FLAKY.reset();
+            assert_eq!(gauge(), "0");
+        })
+        .await;
+}

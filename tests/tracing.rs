@@ -1,0 +1,313 @@
+//! The `tracing` integration, seen by a capturing subscriber: one span per job call with `job`,
+//! `key` and the current `attempt`; the body's own events inside it; events for a retry, a
+//! give-up, a replay and breaker transitions; and the runtime's error reports at error level.
+
+use jobguard::{BreakerState, CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+type Fields = BTreeMap<String, String>;
+
+/// One captured event: its level, target, message, fields, and the spans it was in
+/// (outermost first) with their fields at that moment.
+#[derive(Debug, Clone)]
+struct Captured {
+    level: Level,
+    target: String,
+    message: String,
+    fields: Fields,
+    spans: Vec<(String, Fields)>,
+}
+
+impl Captured {
+    fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).map(String::as_str)
+    }
+
+    /// The innermost `job` span's fields.
+    fn job_span(&self) -> Option<&Fields> {
+        self.spans
+            .iter()
+            .rev()
+            .find(|(name, _)| name == jobguard::observe::tracing::SPAN)
+            .map(|(_, fields)| fields)
+    }
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Captured>>>);
+
+impl Capture {
+    fn events(&self) -> Vec<Captured> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn with_message(&self, message: &str) -> Vec<Captured> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.message == message)
+            .collect()
+    }
+}
+
+struct Visitor<'a>(&'a mut Fields);
+
+impl Visit for Visitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields::new();
+        attrs.record(&mut Visitor(&mut fields));
+        ctx.span(id).unwrap().extensions_mut().insert(fields);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        let span = ctx.span(id).unwrap();
+        let mut ext = span.extensions_mut();
+        values.record(&mut Visitor(ext.get_mut::<Fields>().unwrap()));
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = Fields::new();
+        event.record(&mut Visitor(&mut fields));
+        let message = fields.remove("message").unwrap_or_default();
+        let spans = ctx
+            .event_scope(event)
+            .map(|scope| {
+                scope
+                    .from_root()
+                    .map(|s| {
+                        let fields = s.extensions().get::<Fields>().cloned().unwrap_or_default();
+                        (s.name().to_owned(), fields)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.0.lock().unwrap().push(Captured {
+            level: *event.metadata().level(),
+            target: event.metadata().target().to_owned(),
+            message,
+            fields,
+            spans,
+        });
+    }
+}
+
+/// A capturing subscriber for this thread, until the guard drops.
+fn capture() -> (Capture, tracing::subscriber::DefaultGuard) {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    (capture, tracing::subscriber::set_default(subscriber))
+}
+
+fn runtime() -> (Runtime, MemoryDeadLetters) {
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(MemoryStore::new())
+        .dead_letters(letters.clone())
+        .build();
+    (runtime, letters)
+}
+
+#[derive(Debug, jobguard::Transient)]
+enum GatewayError {
+    #[transient]
+    Timeout(u32),
+    Declined,
+    #[transient(from)]
+    Jobguard(jobguard::Error),
+}
+
+impl From<jobguard::Error> for GatewayError {
+    fn from(e: jobguard::Error) -> Self {
+        GatewayError::Jobguard(e)
+    }
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::Timeout(n) => write!(f, "gateway timeout (attempt {n})"),
+            GatewayError::Declined => f.write_str("card declined"),
+            GatewayError::Jobguard(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+#[jobguard::idempotent(key = order_id, scope = "tests.charge")]
+#[jobguard::retry(attempts = 5, base = "500ms", jitter = none)]
+async fn charge(order_id: &str, calls: &AtomicU32, fail: u32) -> Result<String, GatewayError> {
+    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+    tracing::info!(n, "calling the gateway");
+    if n <= fail {
+        return Err(GatewayError::Timeout(n));
+    }
+    Ok(format!("receipt for {order_id}"))
+}
+
+#[jobguard::retry(attempts = 5, base = "500ms", jitter = none)]
+async fn decline() -> Result<(), GatewayError> {
+    Err(GatewayError::Declined)
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_call_runs_in_one_span_with_job_key_and_the_current_attempt() {
+    let (events, _guard) = capture();
+    let (runtime, _) = runtime();
+    let calls = AtomicU32::new(0);
+    let receipt = runtime.scope(charge("order-A", &calls, 2)).await.unwrap();
+    assert_eq!(receipt, "receipt for order-A");
+
+    let body = events.with_message("calling the gateway");
+    assert_eq!(body.len(), 3, "{body:#?}");
+    for (i, event) in body.iter().enumerate() {
+        let span = event.job_span().expect("the body runs inside the job's span");
+        assert_eq!(span["job"], "tracing::charge");
+        assert_eq!(span["key"], "order-A");
+        assert_eq!(span["attempt"], (i + 1).to_string(), "attempt recorded as it changes");
+        assert_eq!(event.field("n"), Some((i + 1).to_string().as_str()));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_is_an_info_event_in_the_span_with_the_delay_and_the_error() {
+    let (events, _guard) = capture();
+    let (runtime, _) = runtime();
+    let calls = AtomicU32::new(0);
+    runtime.scope(charge("order-R", &calls, 2)).await.unwrap();
+
+    let retries = events.with_message("retrying");
+    assert_eq!(retries.len(), 2, "{retries:#?}");
+    for (i, (retry, delay)) in retries.iter().zip(["500ms", "1s"]).enumerate() {
+        let n = (i + 1).to_string();
+        assert_eq!(retry.level, Level::INFO);
+        assert_eq!(retry.target, "jobguard");
+        assert_eq!(retry.field("attempt"), Some(n.as_str()));
+        assert_eq!(retry.field("delay"), Some(delay));
+        assert_eq!(
+            retry.field("error"),
+            Some(format!("gateway timeout (attempt {n})").as_str())
+        );
+        let span = retry.job_span().expect("in the job's span");
+        assert_eq!((span["job"].as_str(), span["key"].as_str()), ("tracing::charge", "order-R"));
+        assert_eq!(span["attempt"], n);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_give_up_is_a_warning_in_the_span_with_reason_attempts_and_error() {
+    let (events, _guard) = capture();
+    let (runtime, letters) = runtime();
+    let calls = AtomicU32::new(0);
+    assert!(runtime.scope(charge("order-B", &calls, 99)).await.is_err());
+    assert!(runtime.scope(decline()).await.is_err());
+
+    let gave_up = events.with_message("gave up");
+    assert_eq!(gave_up.len(), 2, "{gave_up:#?}");
+    let exhausted = &gave_up[0];
+    assert_eq!(exhausted.level, Level::WARN);
+    assert_eq!(exhausted.field("reason"), Some("exhausted"));
+    assert_eq!(exhausted.field("attempts"), Some("5"));
+    assert_eq!(exhausted.field("error"), Some("gateway timeout (attempt 5)"));
+    let span = exhausted.job_span().expect("in the job's span");
+    assert_eq!((span["job"].as_str(), span["key"].as_str()), ("tracing::charge", "order-B"));
+
+    let permanent = &gave_up[1];
+    assert_eq!(permanent.field("reason"), Some("permanent"));
+    assert_eq!(permanent.field("attempts"), Some("1"));
+    let span = permanent.job_span().expect("in the job's span");
+    assert_eq!(span["job"], "tracing::decline");
+    assert!(!span.contains_key("key"), "a job without a key has no key field");
+    assert_eq!(letters.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_is_an_info_event_with_scope_and_key() {
+    let (events, _guard) = capture();
+    let (runtime, _) = runtime();
+    let calls = AtomicU32::new(0);
+    runtime.scope(charge("order-P", &calls, 0)).await.unwrap();
+    assert!(events.with_message("replayed").is_empty());
+    runtime.scope(charge("order-P", &calls, 0)).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the redelivery is a replay");
+
+    let replayed = events.with_message("replayed");
+    assert_eq!(replayed.len(), 1, "{replayed:#?}");
+    assert_eq!(replayed[0].level, Level::INFO);
+    assert_eq!(replayed[0].field("scope"), Some("tests.charge"));
+    assert_eq!(replayed[0].field("key"), Some("order-P"));
+}
+
+static GATEWAY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30)).named("gateway");
+
+#[tokio::test(start_paused = true)]
+async fn breaker_transitions_are_events_warning_when_it_opens() {
+    let (events, _guard) = capture();
+    let (runtime, _) = runtime();
+    runtime
+        .scope(async {
+            GATEWAY.trip();
+            assert_eq!(GATEWAY.state(), BreakerState::Open);
+            GATEWAY.reset();
+        })
+        .await;
+
+    let transitions = events.with_message("breaker transition");
+    let seen: Vec<_> = transitions
+        .iter()
+        .map(|e| {
+            (
+                e.level,
+                e.field("breaker").unwrap(),
+                e.field("from").unwrap(),
+                e.field("to").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Level::WARN, "gateway", "closed", "open"),
+            (Level::INFO, "gateway", "open", "closed"),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_dead_letter_is_reported_at_error_level() {
+    let (events, _guard) = capture();
+    let sink = jobguard::dead_letter::from_fn(|_letter| async {
+        Err(jobguard::Error::Store("queue unreachable".into()))
+    });
+    let runtime = Runtime::builder().dead_letters(sink).build();
+    let result = runtime.scope(decline()).await;
+    assert!(matches!(result, Err(GatewayError::Declined)), "the job's own error is returned");
+
+    let errors: Vec<_> = events
+        .events()
+        .into_iter()
+        .filter(|e| e.level == Level::ERROR)
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].target, "jobguard");
+    assert!(
+        errors[0].message.contains("tracing::decline gave up (permanent) but its dead letter was lost"),
+        "{}",
+        errors[0].message
+    );
+    assert!(errors[0].message.contains("queue unreachable"));
+}
