@@ -1,0 +1,324 @@
+//! `RedisDeadLetters` against a private `redis-server` per test: letters from jobs listed, read
+//! by id, counted and removed; redrive removes a letter only when the job succeeds; the stream is
+//! trimmed near its bound; a corrupt entry is `Error::Corrupt` naming it; a lost server is
+//! `Error::Store`.
+//!
+//! These run on the real clock: the connection's timeouts are real I/O, which tokio's paused
+//! clock would fire early. The jobs retry after 1 ms.
+
+use jobguard::__private::Retry;
+use jobguard::dead_letter::redis::{RedisDeadLetters, RedriveError};
+use jobguard::store::redis::RedisStore;
+use jobguard::{DeadLetter, DeadLetterSink, Error, GiveUp, Jitter, Policy, Runtime};
+use jobguard_workspace::redis::RedisServer;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+const STREAM: &str = "jobguard:dead_letters";
+
+#[derive(Debug, jobguard::Transient)]
+enum GatewayError {
+    #[transient]
+    Timeout(String),
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::Timeout(order) => write!(f, "gateway timeout on {order}"),
+        }
+    }
+}
+
+#[jobguard::idempotent(key = order_id, scope = "tests.redis_dead_letters")]
+#[jobguard::retry(attempts = 3, base = "1ms", jitter = none)]
+async fn charge(order_id: &str) -> Result<(), GatewayError> {
+    Err(GatewayError::Timeout(order_id.to_owned()))
+}
+
+impl From<jobguard::Error> for GatewayError {
+    fn from(e: jobguard::Error) -> Self {
+        GatewayError::Timeout(e.to_string())
+    }
+}
+
+/// `#[retry(payload = (order_id, amount))]` written out: always times out, so it gives up with
+/// its arguments in the letter.
+async fn charge_with_payload(order_id: &str, amount: u64) -> Result<(), GatewayError> {
+    let args = (order_id, amount);
+    let policy = Policy::new()
+        .attempts(2)
+        .base(Duration::from_millis(1))
+        .jitter(Jitter::None);
+    let mut retry = Retry::new("tests::charge_with_payload", policy)
+        .key(order_id)
+        .payload(&args);
+    loop {
+        let attempted = retry
+            .attempt(async { Err(GatewayError::Timeout(order_id.to_owned())) })
+            .await;
+        if let ControlFlow::Break(done) = retry
+            .settle(attempted, jobguard::__private::transient)
+            .await
+        {
+            return done;
+        }
+    }
+}
+
+async fn connect(server: &RedisServer) -> RedisDeadLetters {
+    RedisDeadLetters::connect(&server.url(), STREAM)
+        .await
+        .expect("connect")
+}
+
+fn letter(n: u32) -> DeadLetter {
+    let now = SystemTime::now();
+    DeadLetter::new(
+        "tests::job",
+        None,
+        GiveUp::Permanent,
+        1,
+        format!("e{n}"),
+        now,
+        now,
+    )
+}
+
+#[tokio::test]
+async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await;
+    assert!(letters.is_empty().await.unwrap());
+    let runtime = Runtime::builder().dead_letters(letters.clone()).build();
+    for order in ["order-B", "order-C"] {
+        assert!(runtime.scope(charge(order)).await.is_err());
+    }
+
+    assert_eq!(letters.len().await.unwrap(), 2);
+    let listed = letters.list().await.unwrap();
+    let keys: Vec<_> = listed
+        .iter()
+        .map(|(_, l)| l.key.as_deref().unwrap())
+        .collect();
+    assert_eq!(keys, ["order-B", "order-C"], "oldest first");
+    let (id, first) = &listed[0];
+    assert_eq!(first.job, "dead_letter_redis::charge");
+    assert_eq!((first.reason, first.attempts), (GiveUp::Exhausted, 3));
+    assert_eq!(first.error, "gateway timeout on order-B");
+    assert_eq!(first.history, ["gateway timeout on order-B"; 3]);
+    assert!(first.first_attempt <= first.last_attempt);
+
+    assert_eq!(letters.get(id).await.unwrap().as_ref(), Some(first));
+    assert_eq!(letters.get("1-1").await.unwrap(), None);
+
+    // Another connection (another worker, or the process after a restart) sees the same letters.
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let again = RedisDeadLetters::new(store.manager(), STREAM);
+    assert_eq!(again.list().await.unwrap(), listed);
+}
+
+#[tokio::test]
+async fn remove_deletes_one_entry() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await;
+    let a = letters.add(&letter(1)).await.unwrap();
+    let b = letters.add(&letter(2)).await.unwrap();
+    assert!(letters.remove(&a).await.unwrap());
+    assert!(!letters.remove(&a).await.unwrap(), "already gone");
+    let left = letters.list().await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, b);
+    assert_eq!(left[0].1.error, "e2");
+}
+
+#[tokio::test]
+async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await;
+    let runtime = Runtime::builder().dead_letters(letters.clone()).build();
+    assert!(
+        runtime
+            .scope(charge_with_payload("order-B", 100))
+            .await
+            .is_err()
+    );
+    let (id, letter) = letters.list().await.unwrap().pop().unwrap();
+    assert_eq!(letter.payload, Some(serde_json::json!(["order-B", 100])));
+
+    // The redriven job fails: the letter stays.
+    let failed = letters
+        .redrive(&id, |_letter| async {
+            Err::<(), _>(GatewayError::Timeout("order-B".into()))
+        })
+        .await;
+    assert!(matches!(
+        failed,
+        Err(RedriveError::Job(GatewayError::Timeout(_)))
+    ));
+    assert_eq!(letters.len().await.unwrap(), 1);
+    assert!(letters.get(&id).await.unwrap().is_some());
+
+    // It succeeds, replayed from the payload with its key: the letter goes.
+    let charged = std::sync::Mutex::new(Vec::new());
+    let record = &charged;
+    let redriven = letters
+        .redrive(&id, |letter| async move {
+            let (order_id, amount): (String, u64) = letter.payload_as().unwrap()?;
+            assert_eq!(letter.key.as_deref(), Some(order_id.as_str()));
+            record.lock().unwrap().push((order_id, amount));
+            Ok::<(), Error>(())
+        })
+        .await;
+    assert!(matches!(redriven, Ok(true)), "{redriven:?}");
+    assert_eq!(*charged.lock().unwrap(), [("order-B".to_owned(), 100)]);
+    assert!(letters.is_empty().await.unwrap());
+
+    // Nothing left to redrive: the job does not run.
+    let calls = AtomicU32::new(0);
+    let none = letters
+        .redrive(&id, |_| async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), Error>(())
+        })
+        .await;
+    assert!(matches!(none, Ok(false)));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_stream_is_trimmed_to_about_its_bound_keeping_the_newest() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await.max_len(50);
+    for n in 0..1_000 {
+        letters.send(letter(n)).await.unwrap();
+    }
+    // `MAXLEN ~` trims whole stream nodes (100 entries by default), never below the bound.
+    let len = letters.len().await.unwrap();
+    assert!((50..150).contains(&len), "{len} letters kept");
+    let listed = letters.list().await.unwrap();
+    assert_eq!(listed.len(), len);
+    assert_eq!(listed.last().unwrap().1.error, "e999");
+    let errors: Vec<u32> = listed
+        .iter()
+        .map(|(_, l)| l.error[1..].parse().unwrap())
+        .collect();
+    let newest: Vec<u32> = (1_000 - len as u32..1_000).collect();
+    assert_eq!(errors, newest, "the oldest letters are the ones trimmed");
+}
+
+#[tokio::test]
+async fn list_pages_through_a_long_stream() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await;
+    for n in 0..1_234 {
+        letters.send(letter(n)).await.unwrap();
+    }
+    let listed = letters.list().await.unwrap();
+    let errors: Vec<String> = listed.into_iter().map(|(_, l)| l.error).collect();
+    let expected: Vec<String> = (0..1_234).map(|n| format!("e{n}")).collect();
+    assert_eq!(errors, expected);
+}
+
+#[tokio::test]
+async fn a_corrupt_entry_is_an_error_naming_it_never_a_panic() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let letters = RedisDeadLetters::new(store.manager(), STREAM);
+    let good = letters.add(&letter(1)).await.unwrap();
+    let v2 = jobguard::dead_letter::redis::encode(&letter(2)).replacen(r#""v":1"#, r#""v":2"#, 1);
+    let bad_entries: [&[&str]; 5] = [
+        &["letter", "not json"],
+        &["other", "field"],
+        &["letter", &v2],
+        &["letter", r#"{"v":1,"job":7}"#],
+        &["letter", r#"{"job":"no version"}"#],
+    ];
+    for fields in bad_entries {
+        let id: String = redis::cmd("XADD")
+            .arg(STREAM)
+            .arg("*")
+            .arg(fields)
+            .query_async(&mut store.manager())
+            .await
+            .unwrap();
+        let got = letters.get(&id).await;
+        assert!(
+            matches!(&got, Err(Error::Corrupt(msg)) if msg.contains(&id)),
+            "{fields:?}: {got:?}"
+        );
+        let listed = letters.list().await;
+        assert!(
+            matches!(&listed, Err(Error::Corrupt(msg)) if msg.contains(&id)),
+            "{fields:?}: {listed:?}"
+        );
+        // The redrive of a corrupt entry neither runs the job nor removes the entry.
+        let redriven = letters
+            .redrive(&id, |_| async { Ok::<(), Error>(()) })
+            .await;
+        assert!(matches!(
+            redriven,
+            Err(RedriveError::Store(Error::Corrupt(_)))
+        ));
+        assert!(
+            letters.remove(&id).await.unwrap(),
+            "a corrupt entry can be removed"
+        );
+    }
+    let listed = letters.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, good);
+}
+
+#[tokio::test]
+async fn a_lost_server_is_a_store_error_and_the_job_still_returns_its_own() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let letters = connect(&server).await;
+    let id = letters.add(&letter(1)).await.unwrap();
+    server.stop();
+
+    let store_error = |r: Result<(), Error>| matches!(r, Err(Error::Store(_)));
+    assert!(store_error(letters.add(&letter(2)).await.map(drop)));
+    assert!(store_error(letters.list().await.map(drop)));
+    assert!(store_error(letters.len().await.map(drop)));
+    assert!(store_error(letters.get(&id).await.map(drop)));
+    assert!(store_error(letters.remove(&id).await.map(drop)));
+    let redriven = letters
+        .redrive(&id, |_| async { Ok::<(), Error>(()) })
+        .await;
+    assert!(matches!(
+        redriven,
+        Err(RedriveError::Store(Error::Store(_)))
+    ));
+    assert!(matches!(
+        RedisDeadLetters::connect(&server.url(), STREAM).await,
+        Err(Error::Store(_))
+    ));
+    assert!(matches!(
+        RedisDeadLetters::connect("not a url", STREAM).await,
+        Err(Error::Store(_))
+    ));
+
+    // A job that gives up while the sink is down still fails with its own error.
+    let runtime = Runtime::builder().dead_letters(letters.clone()).build();
+    let result = runtime.scope(charge("order-D")).await;
+    assert!(
+        matches!(&result, Err(GatewayError::Timeout(order)) if order == "order-D"),
+        "{result:?}"
+    );
+}
