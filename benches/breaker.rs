@@ -21,7 +21,7 @@ static RATE: jobguard::CircuitBreaker =
 fn jobguard_check_record(breaker: &jobguard::CircuitBreaker) {
     match breaker.acquire() {
         Ok(permit) => {
-            black_box(());
+            black_box(1u32);
             permit.success();
         }
         Err(retry_in) => {
@@ -43,7 +43,7 @@ fn success_path(c: &mut Criterion) {
 
     let failsafe = failsafe::Config::new().build();
     group.bench_function("failsafe Config::new(): call(Ok)", |b| {
-        b.iter(|| black_box(&failsafe).call(|| Ok::<(), ()>(black_box(()))))
+        b.iter(|| black_box(&failsafe).call(|| Ok::<u32, ()>(black_box(1))))
     });
     group.bench_function(
         "failsafe Config::new(): is_call_permitted + on_success",
@@ -51,7 +51,7 @@ fn success_path(c: &mut Criterion) {
             b.iter(|| {
                 let cb = black_box(&failsafe);
                 if cb.is_call_permitted() {
-                    black_box(());
+                    black_box(1u32);
                     cb.on_success();
                 }
             })
@@ -60,7 +60,7 @@ fn success_path(c: &mut Criterion) {
 
     let recloser = recloser::Recloser::default();
     group.bench_function("recloser default: call(Ok)", |b| {
-        b.iter(|| black_box(&recloser).call(|| Ok::<(), ()>(black_box(()))))
+        b.iter(|| black_box(&recloser).call(|| Ok::<u32, ()>(black_box(1))))
     });
 
     group.finish();

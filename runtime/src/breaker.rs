@@ -138,9 +138,11 @@ enum Mode {
 ///
 /// # Examples
 ///
-/// One breaker in front of a payment gateway, shared by every job that calls it:
+/// One breaker in front of a payment gateway, shared by every job that calls it (this example
+/// needs the default `macros` feature):
 ///
-/// ```
+#[cfg_attr(feature = "macros", doc = "```")]
+#[cfg_attr(not(feature = "macros"), doc = "```ignore")]
 /// use jobguard::{BreakerState, CircuitBreaker};
 /// use std::time::Duration;
 ///
