@@ -38,9 +38,12 @@ impl From<jobguard::Error> for GatewayError {
     }
 }
 
-/// Error-level (and other) events on this thread, captured: level, message and fields.
+/// One captured event: level, message and fields.
+type Captured = (Level, String, BTreeMap<String, String>);
+
+/// Error-level (and other) events on this thread, captured.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<(Level, String, BTreeMap<String, String>)>>>);
+struct Capture(Arc<Mutex<Vec<Captured>>>);
 
 struct Visitor<'a>(&'a mut BTreeMap<String, String>);
 
