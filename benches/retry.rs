@@ -1,0 +1,131 @@
+//! The retry wrapper's cost, in one run: the success path, and a path that fails three times and
+//! then succeeds with zero delays, of a bare call, `#[retry]`, `Policy::run`, backon and
+//! tokio-retry, all around the same work function.
+//!
+//! ```text
+//! cargo bench --bench retry -- --warm-up-time 1 --measurement-time 3
+//! ```
+//!
+//! Every contender is configured alike: 4 attempts (3 retries), zero delay, no jitter, every
+//! error retried. The "bare" line of the failing path is a hand-written `loop` that calls the
+//! work again until it succeeds: the least any retry can cost. Everything runs on one
+//! current-thread tokio runtime, the way a worker would run a job; criterion's `to_async`
+//! enters it once per sample, not once per call.
+
+use backon::{ConstantBuilder, Retryable};
+use criterion::{Criterion, criterion_group, criterion_main};
+use jobguard::{Jitter, Policy};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::io;
+use std::time::Duration;
+use tokio_retry::strategy::FixedInterval;
+
+/// The work every contender wraps: fails with a transient I/O error (which allocates nothing)
+/// until it has been called `fail + 1` times, then answers.
+async fn work(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    let n = calls.get();
+    calls.set(n + 1);
+    if n < fail {
+        Err(io::ErrorKind::ConnectionReset.into())
+    } else {
+        Ok(black_box(u64::from(n)))
+    }
+}
+
+/// Calls `work` once.
+async fn bare(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    work(calls, fail).await
+}
+
+/// Calls `work` until it succeeds, with nothing in between.
+async fn bare_loop(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    loop {
+        if let Ok(v) = work(calls, fail).await {
+            return Ok(v);
+        }
+    }
+}
+
+#[jobguard::retry(attempts = 4, base = "0ms", cap = "0ms", jitter = none)]
+async fn attribute(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    work(calls, fail).await
+}
+
+const POLICY: Policy = Policy::new()
+    .attempts(4)
+    .base(Duration::ZERO)
+    .cap(Duration::ZERO)
+    .jitter(Jitter::None);
+
+async fn policy_run(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    POLICY
+        .run("bench::policy_run", async |_| work(calls, fail).await)
+        .await
+}
+
+const BACKON: ConstantBuilder = ConstantBuilder::new()
+    .with_delay(Duration::ZERO)
+    .with_max_times(3);
+
+async fn backon(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    (|| work(calls, fail)).retry(BACKON).await
+}
+
+async fn tokio_retry(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
+    // `Retry::spawn` is `Retry::start` under its pre-0.3.2 name.
+    tokio_retry::Retry::start(FixedInterval::new(Duration::ZERO).take(3), || {
+        work(calls, fail)
+    })
+    .await
+}
+
+/// Benchmarks one contender: each iteration is one job call from a fresh counter. Before
+/// measuring, checks that the contender ran the work `fail + 1` times and succeeded.
+macro_rules! contender {
+    ($group:expr, $rt:expr, $name:expr, $fail:expr, $call:path) => {{
+        let fail: u32 = $fail;
+        $rt.block_on(async {
+            let calls = Cell::new(0);
+            assert_eq!(
+                $call(&calls, fail).await.unwrap(),
+                u64::from(fail),
+                "{}",
+                $name
+            );
+            assert_eq!(calls.get(), fail + 1, "{}", $name);
+        });
+        $group.bench_function($name, |b| {
+            b.to_async($rt).iter(|| async {
+                let calls = Cell::new(0);
+                black_box($call(black_box(&calls), black_box(fail)).await)
+            })
+        });
+    }};
+}
+
+fn retry(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let mut group = c.benchmark_group("retry_success");
+    contender!(group, &rt, "bare call", 0, bare);
+    contender!(group, &rt, "#[retry]", 0, attribute);
+    contender!(group, &rt, "Policy::run", 0, policy_run);
+    contender!(group, &rt, "backon", 0, backon);
+    contender!(group, &rt, "tokio-retry", 0, tokio_retry);
+    group.finish();
+
+    let mut group = c.benchmark_group("retry_fail3_then_succeed");
+    contender!(group, &rt, "bare loop", 3, bare_loop);
+    contender!(group, &rt, "#[retry]", 3, attribute);
+    contender!(group, &rt, "Policy::run", 3, policy_run);
+    contender!(group, &rt, "backon", 3, backon);
+    contender!(group, &rt, "tokio-retry", 3, tokio_retry);
+    group.finish();
+}
+
+criterion_group!(benches, retry);
+criterion_main!(benches);
