@@ -24,8 +24,13 @@ pub struct Retry<'a> {
     sink: Option<&'a dyn DeadLetterSink>,
     runtime: Runtime,
     attempt: u32,
-    started: Option<(Instant, SystemTime)>,
-    last_started: Option<SystemTime>,
+    /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
+    started: Option<Instant>,
+    /// The wall-clock starts of the first and the latest attempt, for the dead letter.
+    first_wall: Option<SystemTime>,
+    last_wall: Option<SystemTime>,
+    /// Whether the current attempt's wall-clock start has been taken.
+    stamped: bool,
     previous_delay: Duration,
     rng: Option<SmallRng>,
     permit: Option<Permit<'a>>,
@@ -62,7 +67,9 @@ impl<'a> Retry<'a> {
             runtime: Runtime::current(),
             attempt: 0,
             started: None,
-            last_started: None,
+            first_wall: None,
+            last_wall: None,
+            stamped: false,
             previous_delay: policy.base,
             rng: None,
             permit: None,
@@ -112,16 +119,45 @@ impl<'a> Retry<'a> {
 
     fn begin(&mut self) {
         self.attempt += 1;
-        let wall = SystemTime::now();
-        if self.started.is_none() {
-            self.started = Some((Instant::now(), wall));
-        }
-        self.last_started = Some(wall);
+        self.stamped = false;
         self.emit(&Event::Attempt {
             job: self.job,
             key: self.key,
             attempt: self.attempt,
         });
+    }
+
+    /// Takes the current attempt's wall-clock start, once.
+    #[cold]
+    fn stamp(&mut self) {
+        if !self.stamped {
+            self.stamped = true;
+            let now = SystemTime::now();
+            self.first_wall.get_or_insert(now);
+            self.last_wall = Some(now);
+        }
+    }
+
+    /// Awaits one attempt, taking its wall-clock start only when a dead letter could need it: when
+    /// the attempt does not finish on its first poll, or finishes with an error. That is its
+    /// start to within one poll, and an attempt that succeeds at once reads no clock at all.
+    async fn watch<T, E, F>(&mut self, attempt: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let mut attempt = std::pin::pin!(attempt);
+        let result = std::future::poll_fn(|cx| {
+            let polled = attempt.as_mut().poll(cx);
+            if polled.is_pending() {
+                self.stamp();
+            }
+            polled
+        })
+        .await;
+        if result.is_err() {
+            self.stamp();
+        }
+        result
     }
 
     /// Runs one attempt of a job with no breaker, timeout or budget, so the runtime cannot fail
@@ -133,7 +169,10 @@ impl<'a> Retry<'a> {
         self.begin();
         #[cfg(feature = "tracing")]
         let attempt = self.span.instrument(self.job, self.key, attempt);
-        Attempted { result: attempt.await, origin: Origin::Body }
+        Attempted {
+            result: self.watch(attempt).await,
+            origin: Origin::Body,
+        }
     }
 
     /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
@@ -158,23 +197,43 @@ impl<'a> Retry<'a> {
         self.begin();
         #[cfg(feature = "tracing")]
         let attempt = self.span.instrument(self.job, self.key, attempt);
-        let start = self.started.map(|(s, _)| s).unwrap_or_else(Instant::now);
-        let now = Instant::now();
-        let budget_end = self.policy.budget.map(|b| start + b);
-        let timeout_end = self.policy.timeout.map(|t| now + t);
-        let (deadline, origin) = match (timeout_end, budget_end) {
-            (Some(t), Some(b)) if b < t => (Some(b), Origin::Budget),
-            (Some(t), _) => (Some(t), Origin::Timeout),
-            (None, Some(b)) => (Some(b), Origin::Budget),
+        let (deadline, origin) = match (self.policy.timeout, self.policy.budget) {
+            // A breaker alone needs no clock.
             (None, None) => (None, Origin::Body),
+            (timeout, budget) => {
+                let now = Instant::now();
+                let start = *self.started.get_or_insert(now);
+                // A limit too far out to represent is no limit.
+                let budget_end = budget.and_then(|b| start.checked_add(b));
+                let timeout_end = timeout.and_then(|t| now.checked_add(t));
+                match (timeout_end, budget_end) {
+                    (Some(t), Some(b)) if b < t => (Some(b), Origin::Budget),
+                    (Some(t), _) => (Some(t), Origin::Timeout),
+                    (None, Some(b)) => (Some(b), Origin::Budget),
+                    (None, None) => (None, Origin::Body),
+                }
+            }
         };
         match deadline {
-            None => Attempted { result: attempt.await, origin: Origin::Body },
-            Some(at) => match tokio::time::timeout_at(at, attempt).await {
-                Ok(result) => Attempted { result, origin: Origin::Body },
+            None => Attempted {
+                result: self.watch(attempt).await,
+                origin: Origin::Body,
+            },
+            Some(at) => match tokio::time::timeout_at(at, self.watch(attempt)).await {
+                Ok(result) => Attempted {
+                    result,
+                    origin: Origin::Body,
+                },
                 Err(_) => {
-                    let error = if origin == Origin::Budget { Error::Budget } else { Error::Timeout };
-                    Attempted { result: Err(E::from(error)), origin }
+                    let error = if origin == Origin::Budget {
+                        Error::Budget
+                    } else {
+                        Error::Timeout
+                    };
+                    Attempted {
+                        result: Err(E::from(error)),
+                        origin,
+                    }
                 }
             },
         }
@@ -237,8 +296,13 @@ impl<'a> Retry<'a> {
         };
         self.previous_delay = delay;
         if let Some(budget) = self.policy.budget {
-            let start = self.started.map(|(s, _)| s).unwrap_or_else(Instant::now);
-            if Instant::now() + delay >= start + budget {
+            let start = *self.started.get_or_insert_with(Instant::now);
+            let beyond = match (Instant::now().checked_add(delay), start.checked_add(budget)) {
+                (_, None) => false,
+                (None, Some(_)) => true,
+                (Some(next), Some(end)) => next >= end,
+            };
+            if beyond {
                 // The next attempt could not start inside the budget: give up now, not later.
                 self.give_up(GiveUp::Budget, &error).await;
                 return ControlFlow::Break(Err(error));
@@ -265,12 +329,13 @@ impl<'a> Retry<'a> {
             return curve;
         }
         let rng = self.rng.get_or_insert_with(|| self.runtime.rng());
-        p.jitter.apply(curve, self.previous_delay, p.base, p.cap, rng)
+        p.jitter
+            .apply(curve, self.previous_delay, p.base, p.cap, rng)
     }
 
     async fn give_up<E: Display>(&mut self, reason: GiveUp, error: &E) {
         let now = SystemTime::now();
-        let first = self.started.map(|(_, w)| w).unwrap_or(now);
+        let first = self.first_wall.unwrap_or(now);
         let letter = self.trail.seal(DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
@@ -278,7 +343,7 @@ impl<'a> Retry<'a> {
             self.attempt,
             error.to_string(),
             first,
-            self.last_started.unwrap_or(first),
+            self.last_wall.unwrap_or(first),
         ));
         self.emit(&Event::DeadLetter(&letter));
         let send = match self.sink {
