@@ -262,3 +262,23 @@ async fn the_observer_sees_each_attempt_and_the_verdict() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn limits_too_far_out_to_represent_are_no_limits_and_never_panic() {
+    let (runtime, delays, letters) = recording();
+    let start = Instant::now();
+    let policy = POLICY.timeout(Duration::MAX).budget(Duration::MAX);
+    let got = runtime
+        .scope(policy.run("far", async |attempt| {
+            if attempt == 1 {
+                Err(GatewayError::Timeout)
+            } else {
+                Ok(attempt)
+            }
+        }))
+        .await;
+    assert_eq!(got, Ok(2));
+    assert_eq!(*delays.lock().unwrap(), [Duration::from_millis(500)]);
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    assert!(letters.is_empty());
+}
