@@ -39,19 +39,46 @@ pub(crate) enum DurationArg {
 }
 
 impl DurationArg {
-    fn parse(expr: Expr, errors: &mut Errors) -> Option<Self> {
+    /// `key = "2s"` or `key = <Duration expression>`; `key` names the argument in messages.
+    fn parse(key: &str, expr: Expr, errors: &mut Errors) -> Option<Self> {
         match expr {
-            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match duration::parse(&s.value()) {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(s), ..
+            }) => match duration::parse(&s.value()) {
                 Ok(d) => Some(DurationArg::Literal(d, s.span())),
-                Err(why) => {
-                    errors.at(s.span(), why);
+                Err(bad) => {
+                    errors.at(s.span(), bad.message(key, &s.value()));
                     None
                 }
             },
-            Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) => {
+            Expr::Lit(ExprLit {
+                lit: Lit::Int(i), ..
+            }) => {
+                let n = i.base10_digits();
+                let as_str = |unit: &str| duration::written(key, &format!("\"{n}{unit}\""));
                 errors.at(
                     i.span(),
-                    format!("a bare number has no unit; write a string such as \"{}ms\" or \"{}s\", or a `Duration` expression", i, i),
+                    format!(
+                        "`{}` has no unit; write a string such as `{}` or `{}`, or a `Duration` expression such as `{}`",
+                        duration::written(key, n),
+                        as_str("ms"),
+                        as_str("s"),
+                        duration::written(key, &format!("Duration::from_millis({n})")),
+                    ),
+                );
+                None
+            }
+            Expr::Lit(ExprLit {
+                lit: Lit::Float(f), ..
+            }) => {
+                let n = f.base10_digits();
+                errors.at(
+                    f.span(),
+                    format!(
+                        "`{}` has no unit; write a string such as `{}`, or a `Duration` expression",
+                        duration::written(key, n),
+                        duration::written(key, &format!("\"{n}s\"")),
+                    ),
                 );
                 None
             }
@@ -96,8 +123,18 @@ pub(crate) struct RetryArgs {
     pub krate: Option<Path>,
 }
 
-pub(crate) const RETRY_KEYS: &[&str] =
-    &["attempts", "base", "cap", "jitter", "on", "budget", "timeout", "breaker", "dead_letter", "crate"];
+pub(crate) const RETRY_KEYS: &[&str] = &[
+    "attempts",
+    "base",
+    "cap",
+    "jitter",
+    "on",
+    "budget",
+    "timeout",
+    "breaker",
+    "dead_letter",
+    "crate",
+];
 
 pub(crate) const JITTERS: &[&str] = &["none", "full", "equal", "decorrelated"];
 
@@ -120,8 +157,16 @@ pub(crate) struct IdempotentArgs {
     pub krate: Option<Path>,
 }
 
-pub(crate) const IDEMPOTENT_KEYS: &[&str] =
-    &["key", "ttl", "lease", "scope", "fingerprint", "store", "in_progress", "crate"];
+pub(crate) const IDEMPOTENT_KEYS: &[&str] = &[
+    "key",
+    "ttl",
+    "lease",
+    "scope",
+    "fingerprint",
+    "store",
+    "in_progress",
+    "crate",
+];
 
 /// Stores `value` in `slot`, or reports the key given twice.
 fn once<T>(slot: &mut Option<T>, key: &str, span: Span, value: Option<T>, errors: &mut Errors) {
@@ -137,7 +182,10 @@ fn value(meta: &ParseNestedMeta<'_>, key: &str, errors: &mut Errors) -> syn::Res
     if meta.input.peek(syn::Token![=]) {
         Ok(Some(meta.value()?.parse()?))
     } else {
-        errors.at(meta.path.span(), format!("`{key}` needs a value: `{key} = ...`"));
+        errors.at(
+            meta.path.span(),
+            format!("`{key}` needs a value: `{key} = ...`"),
+        );
         if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
             // `key(...)` or similar: skip what follows so the next key still parses.
             let _: TokenStream = meta.input.parse()?;
@@ -150,18 +198,30 @@ fn key_name(meta: &ParseNestedMeta<'_>) -> String {
     if meta.path.is_ident("crate") {
         return "crate".into();
     }
-    meta.path.get_ident().map(|i| i.to_string()).unwrap_or_else(|| {
-        quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "")
-    })
+    meta.path
+        .get_ident()
+        .map(|i| i.to_string())
+        .unwrap_or_else(|| {
+            quote::ToTokens::to_token_stream(&meta.path)
+                .to_string()
+                .replace(' ', "")
+        })
 }
 
 fn unknown(key: &str, span: Span, valid: &[&str], what: &str, errors: &mut Errors) {
-    let list = valid.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+    let list = valid
+        .iter()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let hint = match nearest(key, valid) {
         Some(near) => format!("; did you mean `{near}`?"),
         None => String::new(),
     };
-    errors.at(span, format!("unknown argument `{key}` for `#[{what}]`{hint}\nvalid arguments: {list}"));
+    errors.at(
+        span,
+        format!("unknown argument `{key}` for `#[{what}]`{hint}\nvalid arguments: {list}"),
+    );
 }
 
 /// The valid name closest to `typo`, when it is close enough to be a typo.
@@ -191,15 +251,22 @@ fn levenshtein(a: &str, b: &str) -> usize {
 
 fn crate_path(expr: Expr, errors: &mut Errors) -> Option<Path> {
     match expr {
-        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => match s.parse::<Path>() {
-            Ok(p) => Some(p),
-            Err(_) => {
-                errors.at(s.span(), "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`");
-                None
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            match s.parse::<Path>() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    errors.at(s.span(), "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`");
+                    None
+                }
             }
-        },
+        }
         other => {
-            errors.at(other.span(), "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`");
+            errors.at(
+                other.span(),
+                "`crate` takes a path in a string, such as `crate = \"my_facade::jobguard\"`",
+            );
             None
         }
     }
@@ -218,26 +285,28 @@ pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
             }
             return Ok(());
         }
-        let Some(expr) = value(&meta, &key, errors)? else { return Ok(()) };
+        let Some(expr) = value(&meta, &key, errors)? else {
+            return Ok(());
+        };
         match key.as_str() {
             "attempts" => {
                 let v = attempts(expr, errors);
                 once(&mut args.attempts, &key, span, v, errors)
             }
             "base" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.base, &key, span, v, errors)
             }
             "cap" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.cap, &key, span, v, errors)
             }
             "budget" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.budget, &key, span, v, errors)
             }
             "timeout" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.timeout, &key, span, v, errors)
             }
             "jitter" => {
@@ -245,8 +314,8 @@ pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
                 once(&mut args.jitter, &key, span, v, errors)
             }
             "on" => {
-                let v = on(expr);
-                once(&mut args.on, &key, span, Some(v), errors)
+                let v = on(expr, errors);
+                once(&mut args.on, &key, span, v, errors)
             }
             "breaker" => once(&mut args.breaker, &key, span, Some(expr), errors),
             "dead_letter" => once(&mut args.dead_letter, &key, span, Some(expr), errors),
@@ -265,7 +334,35 @@ pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
 }
 
 fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {
-    if let Expr::Lit(ExprLit { lit: Lit::Int(i), .. }) = &expr {
+    const HELP: &str =
+        "`attempts` is the total number of attempts, the first included, such as `attempts = 5`";
+    match &expr {
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
+            errors.at(
+                expr.span(),
+                format!("`attempts` cannot be negative; {HELP}"),
+            );
+            return None;
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(_), ..
+        }) => {}
+        Expr::Lit(lit) => {
+            errors.at(
+                lit.span(),
+                format!("`attempts` takes a whole number, without quotes; {HELP}"),
+            );
+            return None;
+        }
+        _ => {}
+    }
+    if let Expr::Lit(ExprLit {
+        lit: Lit::Int(i), ..
+    }) = &expr
+    {
         match i.base10_parse::<u32>() {
             Ok(0) => {
                 errors.at(i.span(), "`attempts` counts the first attempt too, so it must be at least 1 (`attempts = 1` means no retry)");
@@ -273,7 +370,10 @@ fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {
             }
             Ok(_) => {}
             Err(_) => {
-                errors.at(i.span(), "`attempts` must be a whole number from 1 to 4294967295");
+                errors.at(
+                    i.span(),
+                    "`attempts` must be a whole number from 1 to 4294967295",
+                );
                 return None;
             }
         }
@@ -283,31 +383,52 @@ fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {
 
 fn jitter(expr: Expr, errors: &mut Errors) -> Option<Ident> {
     let list = "`none`, `full`, `equal` or `decorrelated`";
-    if let Expr::Path(p) = &expr {
-        if let Some(id) = p.path.get_ident() {
-            let name = id.to_string();
-            if JITTERS.contains(&name.as_str()) {
-                return Some(id.clone());
-            }
-            let hint = nearest(&name, JITTERS).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
-            errors.at(id.span(), format!("unknown jitter `{name}`{hint}\njitter is one of {list}"));
-            return None;
+    if let Expr::Path(p) = &expr
+        && let Some(id) = p.path.get_ident()
+    {
+        let name = id.to_string();
+        if JITTERS.contains(&name.as_str()) {
+            return Some(id.clone());
         }
+        let hint = nearest(&name, JITTERS)
+            .map(|n| format!("; did you mean `{n}`?"))
+            .unwrap_or_default();
+        errors.at(
+            id.span(),
+            format!("unknown jitter `{name}`{hint}\njitter is one of {list}"),
+        );
+        return None;
     }
     errors.at(expr.span(), format!("jitter is one of {list}"));
     None
 }
 
-fn on(expr: Expr) -> On {
-    if let Expr::Path(p) = &expr {
-        if p.path.is_ident("transient") {
-            return On::Transient(p.span());
+fn on(expr: Expr, errors: &mut Errors) -> Option<On> {
+    const HELP: &str = "`on` is `transient` (the error's `jobguard::Transient` verdict), `all`, \
+                        or the path of a function `fn(&E) -> Verdict` (or `-> bool`), such as `on = my_classifier`";
+    match &expr {
+        Expr::Path(p) if p.path.is_ident("transient") => Some(On::Transient(p.span())),
+        Expr::Path(p) if p.path.is_ident("all") => Some(On::All(p.span())),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            let value = s.value();
+            let hint = match value.as_str() {
+                "transient" | "all" => format!("write `on = {value}`, without quotes"),
+                _ => format!("name the function without quotes: `on = {value}`"),
+            };
+            errors.at(
+                s.span(),
+                format!("`on` takes a name, not a string: {hint}\n{HELP}"),
+            );
+            None
         }
-        if p.path.is_ident("all") {
-            return On::All(p.span());
+        Expr::Lit(lit) => {
+            errors.at(lit.span(), HELP);
+            None
         }
+        _ => Some(On::Classifier(expr)),
     }
-    On::Classifier(expr)
 }
 
 /// Parses `#[idempotent(...)]`'s arguments.
@@ -323,15 +444,17 @@ pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> Idempotent
             }
             return Ok(());
         }
-        let Some(expr) = value(&meta, &key, errors)? else { return Ok(()) };
+        let Some(expr) = value(&meta, &key, errors)? else {
+            return Ok(());
+        };
         match key.as_str() {
             "key" => once(&mut args.key, &key, span, Some(expr), errors),
             "ttl" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.ttl, &key, span, v, errors)
             }
             "lease" => {
-                let v = DurationArg::parse(expr, errors);
+                let v = DurationArg::parse(&key, expr, errors);
                 once(&mut args.lease, &key, span, v, errors)
             }
             "scope" => {
@@ -360,9 +483,14 @@ pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> Idempotent
 
 fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
     match expr {
-        Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
             let v = s.value();
-            if v.is_empty() || v.contains(':') || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            if v.is_empty()
+                || v.contains(':')
+                || v.chars().any(|c| c.is_whitespace() || c.is_control())
+            {
                 errors.at(s.span(), "`scope` must be non-empty, without `:`, spaces or control characters, such as `scope = \"payments.charge\"`");
                 None
             } else {
@@ -370,7 +498,10 @@ fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
             }
         }
         other => {
-            errors.at(other.span(), "`scope` takes a string literal, such as `scope = \"payments.charge\"`");
+            errors.at(
+                other.span(),
+                "`scope` takes a string literal, such as `scope = \"payments.charge\"`",
+            );
             None
         }
     }
@@ -386,7 +517,7 @@ fn in_progress(expr: Expr, errors: &mut Errors) -> Option<InProgress> {
                 return None;
             }
             let arg = call.args.into_iter().next().expect("one argument");
-            DurationArg::parse(arg, errors).map(InProgress::Wait)
+            DurationArg::parse("wait", arg, errors).map(InProgress::Wait)
         }
         other => {
             errors.at(other.span(), HELP);

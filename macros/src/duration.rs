@@ -2,23 +2,118 @@
 
 use std::time::Duration;
 
+/// Why a duration literal does not parse, and what the user most likely meant.
+#[derive(Debug)]
+pub(crate) struct Bad {
+    /// What is wrong, without repeating the literal: "`x` is not a unit".
+    reason: String,
+    /// The literal the user most likely meant (`"5 sec"` → `"5s"`), when there is a clear one.
+    suggestion: Option<String>,
+    /// `false` when the fix is not a respelling (the duration is too long).
+    respell: bool,
+}
+
+impl Bad {
+    /// The message for `key = "text"`, telling the user what to write instead.
+    pub(crate) fn message(&self, key: &str, text: &str) -> String {
+        const UNITS: &str = "units: ns, us, ms, s, m, h, d";
+        let given = written(key, &format!("\"{text}\""));
+        match &self.suggestion {
+            Some(fixed) => format!(
+                "`{given}` is not a duration: write `{}` (a number and a unit, no space between; {UNITS})",
+                written(key, &format!("\"{fixed}\""))
+            ),
+            None if self.respell => format!(
+                "`{given}` is not a duration: {}; write a number and a unit, such as \
+                 `{}`, `\"2s\"`, `\"1m30s\"` or `\"24h\"` ({UNITS})",
+                self.reason,
+                written(key, "\"250ms\"")
+            ),
+            None => format!("`{given}`: {}", self.reason),
+        }
+    }
+}
+
+/// How the user writes `value` for the argument `key`: `base = "2s"`, or `wait("2s")` inside
+/// `in_progress = wait(...)`.
+pub(crate) fn written(key: &str, value: &str) -> String {
+    if key == "wait" {
+        format!("wait({value})")
+    } else {
+        format!("{key} = {value}")
+    }
+}
+
 /// Parses a duration literal: one or more `<number><unit>` parts, units `ns`, `us`, `ms`, `s`,
-/// `m`, `h`, `d`; a part's number may have a fraction (`1.5s`). Returns the reason on failure.
-pub(crate) fn parse(text: &str) -> Result<Duration, String> {
-    const HELP: &str = "write a number and a unit, such as \"250ms\", \"2s\", \"1m30s\" or \"24h\" (units: ns, us, ms, s, m, h, d)";
+/// `m`, `h`, `d`; a part's number may have a fraction (`1.5s`).
+pub(crate) fn parse(text: &str) -> Result<Duration, Bad> {
+    strict(text).map_err(|(reason, respell)| Bad {
+        reason,
+        suggestion: if respell { suggestion(text) } else { None },
+        respell,
+    })
+}
+
+/// What the user most likely meant by a literal that does not parse: `"5 sec"` and `"5secs"`
+/// are `"5s"`, `"2 min"` is `"2m"`. `None` when there is no clear reading.
+fn suggestion(text: &str) -> Option<String> {
+    let mut fixed = String::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        let tail = tail.trim_start();
+        let unit_len = tail
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(tail.len());
+        let (word, tail) = tail.split_at(unit_len);
+        if num.is_empty() {
+            return None;
+        }
+        let unit = match word.to_ascii_lowercase().as_str() {
+            "ns" | "nsec" | "nsecs" | "nanos" | "nanosecond" | "nanoseconds" => "ns",
+            "us" | "µs" | "usec" | "usecs" | "micros" | "microsecond" | "microseconds" => "us",
+            "ms" | "msec" | "msecs" | "millis" | "millisecond" | "milliseconds" => "ms",
+            "s" | "sec" | "secs" | "second" | "seconds" => "s",
+            "m" | "min" | "mins" | "minute" | "minutes" => "m",
+            "h" | "hr" | "hrs" | "hour" | "hours" => "h",
+            "d" | "day" | "days" => "d",
+            _ => return None,
+        };
+        fixed.push_str(num);
+        fixed.push_str(unit);
+        rest = tail.trim_start();
+    }
+    strict(&fixed).ok().map(|_| fixed)
+}
+
+/// The parser proper. On failure: the reason, and whether a respelling can fix it.
+fn strict(text: &str) -> Result<Duration, (String, bool)> {
+    let too_long = || {
+        (
+            "it is too long a duration (the most is about 584 billion years)".to_owned(),
+            false,
+        )
+    };
     let s = text.trim();
     if s.is_empty() {
-        return Err(format!("empty duration; {HELP}"));
+        return Err(("it is empty".to_owned(), true));
     }
     let mut total: u128 = 0;
     let mut rest = s;
     while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(tail.len());
+        let unit_len = tail
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         if num.is_empty() {
-            return Err(format!("`{text}` is not a duration: expected a number before `{unit}{tail}`; {HELP}"));
+            return Err((format!("expected a number before `{}`", rest), true));
         }
         let nanos_per: u128 = match unit {
             "ns" => 1,
@@ -28,24 +123,28 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
             "m" => 60_000_000_000,
             "h" => 3_600_000_000_000,
             "d" => 86_400_000_000_000,
-            "" => return Err(format!("`{text}` has no unit after `{num}`; {HELP}")),
-            other => return Err(format!("unknown unit `{other}` in `{text}`; {HELP}")),
+            "" => return Err((format!("`{num}` has no unit"), true)),
+            other => return Err((format!("`{other}` is not a unit"), true)),
         };
         let (int, frac) = num.split_once('.').unwrap_or((num, ""));
         if int.is_empty() && frac.is_empty() || frac.contains('.') {
-            return Err(format!("`{num}` is not a number in `{text}`; {HELP}"));
+            return Err((format!("`{num}` is not a number"), true));
         }
-        let int: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| format!("`{text}` is too long a duration"))? };
-        let mut part = int.checked_mul(nanos_per).ok_or_else(|| format!("`{text}` is too long a duration"))?;
+        let int: u128 = if int.is_empty() {
+            0
+        } else {
+            int.parse().map_err(|_| too_long())?
+        };
+        let mut part = int.checked_mul(nanos_per).ok_or_else(too_long)?;
         let mut scale = nanos_per;
         for digit in frac.bytes().take(30) {
             scale /= 10;
             part += u128::from(digit - b'0') * scale;
         }
-        total = total.checked_add(part).ok_or_else(|| format!("`{text}` is too long a duration"))?;
+        total = total.checked_add(part).ok_or_else(too_long)?;
         rest = tail;
     }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| format!("`{text}` is too long a duration"))?;
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| too_long())?;
     Ok(Duration::new(secs, (total % 1_000_000_000) as u32))
 }
 
@@ -60,7 +159,7 @@ pub(crate) fn show(d: Duration) -> String {
             (h, 0, 0) => format!("{h}h"),
             _ => format!("{s}s"),
         }
-    } else if d.subsec_nanos() % 1_000_000 == 0 && d.as_secs() == 0 {
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) && d.as_secs() == 0 {
         format!("{}ms", d.subsec_millis())
     } else {
         format!("{d:?}")
@@ -85,9 +184,34 @@ mod tests {
 
     #[test]
     fn bad() {
-        for s in ["", "5", "ms", "5 sec", "5x", "1..5s", "-1s", "99999999999999999999999999999999999999d"] {
+        for s in [
+            "",
+            "5",
+            "ms",
+            "5 sec",
+            "5x",
+            "1..5s",
+            "-1s",
+            "99999999999999999999999999999999999999d",
+        ] {
             assert!(parse(s).is_err(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn suggests_the_spelling_meant() {
+        let why = |s| parse(s).unwrap_err().message("base", s);
+        assert_eq!(
+            why("5 sec"),
+            "`base = \"5 sec\"` is not a duration: write `base = \"5s\"` (a number and a unit, no space between; units: ns, us, ms, s, m, h, d)"
+        );
+        assert!(why("2 minutes").contains("write `base = \"2m\"`"));
+        assert!(why("1m 30s").contains("write `base = \"1m30s\"`"));
+        assert!(why("250 ms").contains("write `base = \"250ms\"`"));
+        assert!(why("fast").starts_with("`base = \"fast\"` is not a duration: expected a number before `fast`; write a number and a unit"));
+        assert!(why("5").contains("`5` has no unit"));
+        assert!(why("5x").contains("`x` is not a unit"));
+        assert!(why("99999999999999999999999999999999999999d").contains("too long"));
     }
 
     #[test]

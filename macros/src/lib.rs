@@ -12,6 +12,9 @@ mod expand;
 mod transient;
 mod validate;
 
+#[cfg(test)]
+mod snapshot;
+
 use proc_macro::TokenStream;
 
 /// Retries an `async fn` returning `Result` on failures that can succeed on a second try.

@@ -40,14 +40,21 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
             name.span(),
             "`#[derive(Transient)]` goes on an enum whose variants are marked `#[transient]`; for a struct, implement `jobguard::Transient` by hand",
         );
-        return errors.into_compile_error();
+        return fallback(&input, errors);
     };
     let mut arms = Vec::new();
     for variant in &data.variants {
         let mut mark = Mark::Permanent;
-        for attr in variant.attrs.iter().filter(|a| a.path().is_ident("transient")) {
+        for attr in variant
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("transient"))
+        {
             if !matches!(mark, Mark::Permanent) {
-                errors.at(attr.span(), "`#[transient]` given twice on this variant; keep one");
+                errors.at(
+                    attr.span(),
+                    "`#[transient]` given twice on this variant; keep one",
+                );
                 continue;
             }
             mark = match &attr.meta {
@@ -63,9 +70,15 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
                             got = Some(Mark::After(member));
                             Ok(())
                         } else {
-                            Err(meta.error(
-                                "unknown `#[transient(...)]` argument; write `#[transient]`, `#[transient(after = field)]` or `#[transient(from)]`",
-                            ))
+                            let name = quote::ToTokens::to_token_stream(&meta.path).to_string().replace(' ', "");
+                            let near = crate::args::nearest(&name, &["after", "from"])
+                                .map(|n| format!("; did you mean `{n}`?"))
+                                .unwrap_or_default();
+                            Err(meta.error(format!(
+                                "unknown argument `{name}` in `#[transient(...)]`{near}\n\
+                                 write `#[transient]` (retry on the curve), `#[transient(after = field)]` \
+                                 (retry after the field's `Duration`) or `#[transient(from)]` (ask the one field)"
+                            )))
                         }
                     });
                     if let Err(e) = parsed {
@@ -81,16 +94,58 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
             Mark::Retry => quote!(#name::#v { .. } => #krate::Verdict::Retry),
             Mark::After(member) => {
                 if !has_member(&variant.fields, &member) {
-                    errors.at(member.span(), format!("`after`: variant `{v}` has no field `{}`", show(&member)));
+                    let fields: Vec<String> = variant
+                        .fields
+                        .iter()
+                        .enumerate()
+                        .map(|(i, f)| {
+                            f.ident
+                                .as_ref()
+                                .map_or_else(|| i.to_string(), ToString::to_string)
+                        })
+                        .collect();
+                    let listed = if fields.is_empty() {
+                        format!(
+                            "`{v}` has no fields; `#[transient(after = field)]` needs a `Duration` or `Option<Duration>` field"
+                        )
+                    } else {
+                        let names = fields.iter().map(String::as_str).collect::<Vec<_>>();
+                        let near = crate::args::nearest(&show(&member), &names)
+                            .map(|n| format!("did you mean `after = {n}`? "))
+                            .unwrap_or_default();
+                        format!(
+                            "{near}its fields: {}",
+                            fields
+                                .iter()
+                                .map(|f| format!("`{f}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    };
+                    errors.at(
+                        member.span(),
+                        format!(
+                            "`after = {}`: variant `{v}` has no field `{}`\n{listed}",
+                            show(&member),
+                            show(&member)
+                        ),
+                    );
                     continue;
                 }
                 quote_spanned!(member.span()=> #name::#v { #member: __jobguard_after, .. } => #krate::__private::after(__jobguard_after))
             }
             Mark::From => {
                 if variant.fields.len() != 1 {
+                    let count = match variant.fields.len() {
+                        0 => "no fields".to_owned(),
+                        n => format!("{n} fields"),
+                    };
                     errors.at(
                         v.span(),
-                        format!("`#[transient(from)]` asks the variant's one field for its verdict, but `{v}` has {} fields", variant.fields.len()),
+                        format!(
+                            "`#[transient(from)]` asks the variant's one field for its verdict, but `{v}` has {count}; \
+                             keep one field (the inner error), or mark the variant `#[transient]` to retry it on the curve"
+                        ),
                     );
                     continue;
                 }
@@ -106,10 +161,14 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
         arms.push(arm);
     }
     if !errors.is_empty() {
-        return errors.into_compile_error();
+        return fallback(&input, errors);
     }
     let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
-    let body = if arms.is_empty() { quote!(match *self {}) } else { quote!(match self { #(#arms,)* }) };
+    let body = if arms.is_empty() {
+        quote!(match *self {})
+    } else {
+        quote!(match self { #(#arms,)* })
+    };
     quote! {
         #[automatically_derived]
         impl #impl_g #krate::Transient for #name #ty_g #where_g {
@@ -120,10 +179,30 @@ pub(crate) fn derive(input: TokenStream) -> TokenStream {
     }
 }
 
+/// The errors, beside an impl that says every failure is permanent, so that one mistake in the
+/// derive does not cascade into "not `Transient`" errors wherever the type is used (thiserror's
+/// fallback does the same).
+fn fallback(input: &DeriveInput, errors: crate::args::Errors) -> TokenStream {
+    let name = &input.ident;
+    let (impl_g, ty_g, where_g) = input.generics.split_for_impl();
+    let errors = errors.into_compile_error();
+    quote! {
+        #errors
+        #[automatically_derived]
+        impl #impl_g ::jobguard::Transient for #name #ty_g #where_g {
+            fn verdict(&self) -> ::jobguard::Verdict {
+                ::jobguard::Verdict::Fail
+            }
+        }
+    }
+}
+
 fn has_member(fields: &Fields, member: &Member) -> bool {
     match member {
         Member::Named(id) => fields.iter().any(|f| f.ident.as_ref() == Some(id)),
-        Member::Unnamed(i) => matches!(fields, Fields::Unnamed(u) if (i.index as usize) < u.unnamed.len()),
+        Member::Unnamed(i) => {
+            matches!(fields, Fields::Unnamed(u) if (i.index as usize) < u.unnamed.len())
+        }
     }
 }
 

@@ -1,0 +1,9 @@
+#[derive(Debug, jobguard::Transient)]
+enum GatewayError {
+    #[transient(x)]
+    Timeout,
+}
+
+fn main() {
+    let _ = GatewayError::Timeout;
+}
