@@ -28,12 +28,34 @@ pub const BINARY_ENV: &str = "JOBGUARD_REDIS_SERVER";
 /// How long a server may take to answer after it was spawned.
 const READY_WITHIN: Duration = Duration::from_secs(15);
 
+/// How [`RedisServer::start_with`] configures the server, beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `requirepass`: clients authenticate with this password (the URLs carry it).
+    pub password: Option<String>,
+    /// Also listen with TLS on a second port, with these PEM files.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of a TLS listener.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+    /// The CA that signed it (`tls-ca-cert-file`; clients are not asked for certificates).
+    pub ca: PathBuf,
+}
+
 /// A `redis-server` this process started and owns. Dropping it kills the server and removes its
 /// directory.
 #[derive(Debug)]
 pub struct RedisServer {
     binary: PathBuf,
+    options: Options,
     port: u16,
+    tls_port: Option<u16>,
     dir: PathBuf,
     child: Option<Child>,
 }
@@ -47,6 +69,15 @@ impl RedisServer {
     /// When no binary is found and `JOBGUARD_REQUIRE_REDIS=1`, or when the server does not come
     /// up (the message carries the end of its log).
     pub fn start() -> Option<RedisServer> {
+        Self::start_with(Options::default())
+    }
+
+    /// [`start`](Self::start) with a password and/or a TLS listener.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(options: Options) -> Option<RedisServer> {
         let Some(binary) = find_binary() else {
             let why = format!(
                 "no redis-server binary: set {BINARY_ENV} or put redis-server on PATH \
@@ -63,13 +94,18 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let mut server = RedisServer {
             binary,
+            options,
             port: 0,
+            tls_port: None,
             dir,
             child: None,
         };
         // A port found free can be taken before the server binds it; then try another.
         for _ in 0..10 {
             server.port = free_port();
+            if server.options.tls.is_some() {
+                server.tls_port = Some(free_port());
+            }
             if server.spawn_and_wait() {
                 return Some(server);
             }
@@ -80,9 +116,22 @@ impl RedisServer {
         );
     }
 
-    /// `redis://127.0.0.1:PORT/`.
+    /// `redis://127.0.0.1:PORT/`, or `redis://:PASSWORD@127.0.0.1:PORT/` with a password.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis://{}127.0.0.1:{}/", self.auth(), self.port)
+    }
+
+    /// `rediss://[:PASSWORD@]127.0.0.1:TLS_PORT/` when the server has a TLS listener.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://{}127.0.0.1:{port}/", self.auth()))
+    }
+
+    fn auth(&self) -> String {
+        self.options
+            .password
+            .as_ref()
+            .map_or_else(String::new, |pw| format!(":{pw}@"))
     }
 
     /// The loopback port the server listens on; it keeps it across [`restart`](Self::restart).
@@ -128,9 +177,19 @@ impl RedisServer {
     /// `false` when it exited (the port was taken) or did not answer in time.
     fn spawn_and_wait(&mut self) -> bool {
         let log = self.dir.join("redis.log");
-        let child = Command::new(&self.binary)
-            .arg("--port")
-            .arg(self.port.to_string())
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--port").arg(self.port.to_string());
+        if let Some(pw) = &self.options.password {
+            cmd.arg("--requirepass").arg(pw);
+        }
+        if let (Some(tls), Some(port)) = (&self.options.tls, self.tls_port) {
+            cmd.arg("--tls-port").arg(port.to_string());
+            cmd.arg("--tls-cert-file").arg(&tls.cert);
+            cmd.arg("--tls-key-file").arg(&tls.key);
+            cmd.arg("--tls-ca-cert-file").arg(&tls.ca);
+            cmd.args(["--tls-auth-clients", "no"]);
+        }
+        let child = cmd
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--daemonize", "no", "--databases", "1"])
             .arg("--dir")
@@ -151,7 +210,7 @@ impl RedisServer {
                 self.child = None;
                 return false;
             }
-            if answering_pid(self.port) == Some(pid) {
+            if answering_pid(self.port, self.options.password.as_deref()) == Some(pid) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -232,13 +291,17 @@ fn free_port() -> u16 {
 }
 
 /// The `process_id` that the server on `port` reports in `INFO server`, if one answers.
-fn answering_pid(port: u16) -> Option<u32> {
+fn answering_pid(port: u16, password: Option<&str>) -> Option<u32> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream
-        .write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
-        .ok()?;
+    let mut request = Vec::new();
+    if let Some(pw) = password {
+        request
+            .extend_from_slice(format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{pw}\r\n", pw.len()).as_bytes());
+    }
+    request.extend_from_slice(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n");
+    stream.write_all(&request).ok()?;
     let mut reply = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -247,16 +310,33 @@ fn answering_pid(port: u16) -> Option<u32> {
             return None;
         }
         reply.extend_from_slice(&buf[..n]);
+        if password.is_some() {
+            // AUTH answers `+OK`; a wrong one is an error, and not ready.
+            if reply.len() < 5 {
+                continue;
+            }
+            if !reply.starts_with(b"+OK\r\n") {
+                return None;
+            }
+            if reply.len() == 5 {
+                continue;
+            }
+        }
+        let body = if password.is_some() {
+            &reply[5..]
+        } else {
+            &reply[..]
+        };
         // A bulk reply: `$LEN\r\n` then LEN bytes and `\r\n`; anything else (`-LOADING`) is not ready.
-        if reply[0] != b'$' {
+        if body[0] != b'$' {
             return None;
         }
-        let Some(eol) = reply.windows(2).position(|w| w == b"\r\n") else {
+        let Some(eol) = body.windows(2).position(|w| w == b"\r\n") else {
             continue;
         };
-        let len: usize = std::str::from_utf8(&reply[1..eol]).ok()?.parse().ok()?;
-        if reply.len() >= eol + 2 + len {
-            let text = String::from_utf8_lossy(&reply[eol + 2..eol + 2 + len]);
+        let len: usize = std::str::from_utf8(&body[1..eol]).ok()?.parse().ok()?;
+        if body.len() >= eol + 2 + len {
+            let text = String::from_utf8_lossy(&body[eol + 2..eol + 2 + len]);
             return text
                 .lines()
                 .find_map(|l| l.strip_prefix("process_id:"))
