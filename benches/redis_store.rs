@@ -9,8 +9,12 @@
 //! Criterion measures the throughput; a second, sampled pass records each job's latency for p50
 //! and p99. The peers are `redis-benchmark -t set` (a plain `SET`) and
 //! `redis-benchmark SET key:__rand_int__ v NX PX 30000` (closer to a claim: one conditional
-//! write with an expiry), each with `-c 1` and `-c 64`, parsed from `--csv`. A summary table is
-//! printed at the end.
+//! write with an expiry), each with `-c 1` and `-c 64`, parsed from `--csv`, and a plain
+//! `SET NX PX` through the same redis-rs connection manager (the client's own floor for one round
+//! trip). A summary table with the ratios is printed at the end.
+//!
+//! `JOBGUARD_BENCH_THREADS=N` sets the tokio worker threads (default 2; `0` is a current-thread
+//! runtime); `JOBGUARD_BENCH_QUICK=1` skips the criterion pass and prints only the table.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use jobguard::store::redis::RedisStore;

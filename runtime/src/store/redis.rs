@@ -503,6 +503,15 @@ mod tests {
     }
 
     #[test]
+    fn connection_losses_are_transient_and_client_errors_permanent() {
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(refused.verdict(), Verdict::Retry);
+        let misuse = redis::RedisError::from((redis::ErrorKind::Client, "bad argument"));
+        assert_eq!(misuse.verdict(), Verdict::Fail);
+    }
+
+    #[test]
     fn millis_is_clamped() {
         assert_eq!(millis(Duration::ZERO), 1);
         assert_eq!(millis(Duration::from_micros(10)), 1);
