@@ -105,7 +105,10 @@ fn types(rendered: &str) -> BTreeMap<&str, &str> {
     for line in rendered.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(types.insert(name, kind).is_none(), "{name} typed twice:\n{rendered}");
+            assert!(
+                types.insert(name, kind).is_none(),
+                "{name} typed twice:\n{rendered}"
+            );
         }
     }
     types
@@ -138,7 +141,11 @@ fn assert_rendered(rendered: &str) {
     assert_eq!(types(rendered), expected_types(), "{rendered}");
     for name in expected_types().keys() {
         let help = format!("# HELP {name} ");
-        assert_eq!(rendered.matches(&help).count(), 1, "{name}'s help:\n{rendered}");
+        assert_eq!(
+            rendered.matches(&help).count(),
+            1,
+            "{name}'s help:\n{rendered}"
+        );
     }
     let samples = samples(rendered);
     let expected = BTreeMap::from([

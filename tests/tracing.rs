@@ -175,10 +175,16 @@ async fn each_call_runs_in_one_span_with_job_key_and_the_current_attempt() {
     let body = events.with_message("calling the gateway");
     assert_eq!(body.len(), 3, "{body:#?}");
     for (i, event) in body.iter().enumerate() {
-        let span = event.job_span().expect("the body runs inside the job's span");
+        let span = event
+            .job_span()
+            .expect("the body runs inside the job's span");
         assert_eq!(span["job"], "tracing::charge");
         assert_eq!(span["key"], "order-A");
-        assert_eq!(span["attempt"], (i + 1).to_string(), "attempt recorded as it changes");
+        assert_eq!(
+            span["attempt"],
+            (i + 1).to_string(),
+            "attempt recorded as it changes"
+        );
         assert_eq!(event.field("n"), Some((i + 1).to_string().as_str()));
     }
 }
@@ -203,7 +209,10 @@ async fn a_retry_is_an_info_event_in_the_span_with_the_delay_and_the_error() {
             Some(format!("gateway timeout (attempt {n})").as_str())
         );
         let span = retry.job_span().expect("in the job's span");
-        assert_eq!((span["job"].as_str(), span["key"].as_str()), ("tracing::charge", "order-R"));
+        assert_eq!(
+            (span["job"].as_str(), span["key"].as_str()),
+            ("tracing::charge", "order-R")
+        );
         assert_eq!(span["attempt"], n);
     }
 }
@@ -222,16 +231,25 @@ async fn a_give_up_is_a_warning_in_the_span_with_reason_attempts_and_error() {
     assert_eq!(exhausted.level, Level::WARN);
     assert_eq!(exhausted.field("reason"), Some("exhausted"));
     assert_eq!(exhausted.field("attempts"), Some("5"));
-    assert_eq!(exhausted.field("error"), Some("gateway timeout (attempt 5)"));
+    assert_eq!(
+        exhausted.field("error"),
+        Some("gateway timeout (attempt 5)")
+    );
     let span = exhausted.job_span().expect("in the job's span");
-    assert_eq!((span["job"].as_str(), span["key"].as_str()), ("tracing::charge", "order-B"));
+    assert_eq!(
+        (span["job"].as_str(), span["key"].as_str()),
+        ("tracing::charge", "order-B")
+    );
 
     let permanent = &gave_up[1];
     assert_eq!(permanent.field("reason"), Some("permanent"));
     assert_eq!(permanent.field("attempts"), Some("1"));
     let span = permanent.job_span().expect("in the job's span");
     assert_eq!(span["job"], "tracing::decline");
-    assert!(!span.contains_key("key"), "a job without a key has no key field");
+    assert!(
+        !span.contains_key("key"),
+        "a job without a key has no key field"
+    );
     assert_eq!(letters.len(), 2);
 }
 
@@ -243,7 +261,11 @@ async fn a_replay_is_an_info_event_with_scope_and_key() {
     runtime.scope(charge("order-P", &calls, 0)).await.unwrap();
     assert!(events.with_message("replayed").is_empty());
     runtime.scope(charge("order-P", &calls, 0)).await.unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the redelivery is a replay");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the redelivery is a replay"
+    );
 
     let replayed = events.with_message("replayed");
     assert_eq!(replayed.len(), 1, "{replayed:#?}");
@@ -295,7 +317,10 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
     });
     let runtime = Runtime::builder().dead_letters(sink).build();
     let result = runtime.scope(decline()).await;
-    assert!(matches!(result, Err(GatewayError::Declined)), "the job's own error is returned");
+    assert!(
+        matches!(result, Err(GatewayError::Declined)),
+        "the job's own error is returned"
+    );
 
     let errors: Vec<_> = events
         .events()
@@ -305,7 +330,9 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert_eq!(errors[0].target, "jobguard");
     assert!(
-        errors[0].message.contains("tracing::decline gave up (permanent) but its dead letter was lost"),
+        errors[0]
+            .message
+            .contains("tracing::decline gave up (permanent) but its dead letter was lost"),
         "{}",
         errors[0].message
     );

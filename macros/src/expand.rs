@@ -35,9 +35,15 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         Err(_) => {
             errors.at(
                 Span::call_site(),
-                format!("`#[{}]` goes on an `async fn` returning `Result`", kind.name()),
+                format!(
+                    "`#[{}]` goes on an `async fn` returning `Result`",
+                    kind.name()
+                ),
             );
-            return quote!(#item).into_iter().chain(errors.into_compile_error()).collect();
+            return quote!(#item)
+                .into_iter()
+                .chain(errors.into_compile_error())
+                .collect();
         }
     };
 
@@ -53,12 +59,20 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         match sibling(&attr) {
             Some(Kind::Retry) if retry.is_some() => errors.at(
                 attr.span(),
-                format!("`#[retry]` is given twice on `{}`; merge their arguments into one", func.sig.ident),
+                format!(
+                    "`#[retry]` is given twice on `{}`; merge their arguments into one",
+                    func.sig.ident
+                ),
             ),
-            Some(Kind::Retry) => retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors)),
+            Some(Kind::Retry) => {
+                retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors))
+            }
             Some(Kind::Idempotent) if idempotent.is_some() => errors.at(
                 attr.span(),
-                format!("`#[idempotent]` is given twice on `{}`; merge their arguments into one", func.sig.ident),
+                format!(
+                    "`#[idempotent]` is given twice on `{}`; merge their arguments into one",
+                    func.sig.ident
+                ),
             ),
             Some(Kind::Idempotent) => {
                 idempotent_span = attr.span();
@@ -102,7 +116,10 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
         Meta::Path(_) => TokenStream::new(),
         Meta::List(list) => list.tokens.clone(),
         Meta::NameValue(nv) => {
-            errors.at(nv.span(), "write the arguments in parentheses: `#[retry(attempts = 3)]`");
+            errors.at(
+                nv.span(),
+                "write the arguments in parentheses: `#[retry(attempts = 3)]`",
+            );
             TokenStream::new()
         }
     }
@@ -134,14 +151,25 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //             })
 //             .await
 //     }
-fn expand(func: ItemFn, retry: Option<&RetryArgs>, idempotent: Option<&IdempotentArgs>) -> TokenStream {
+fn expand(
+    func: ItemFn,
+    retry: Option<&RetryArgs>,
+    idempotent: Option<&IdempotentArgs>,
+) -> TokenStream {
     let krate = retry
         .and_then(|r| r.krate.clone())
         .or_else(|| idempotent.and_then(|i| i.krate.clone()))
         .map(Path::into_token_stream)
         .unwrap_or_else(|| quote!(::jobguard));
-    let ItemFn { attrs, vis, sig, block } = func;
-    let ReturnType::Type(_, ret) = &sig.output else { unreachable!("validated: returns Result") };
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let ReturnType::Type(_, ret) = &sig.output else {
+        unreachable!("validated: returns Result")
+    };
     let name = sig.ident.to_string();
     let job = quote!(::core::concat!(::core::module_path!(), "::", #name));
     let body = attempt_block(&block, ret);
@@ -197,7 +225,9 @@ fn attempt_block(block: &Block, ret: &Type) -> TokenStream {
 }
 
 fn contains_impl_trait(ty: &Type) -> bool {
-    ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
+    ty.to_token_stream()
+        .into_iter()
+        .any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "impl"))
         || ty.to_token_stream().to_string().contains("impl ")
 }
 
@@ -218,12 +248,24 @@ fn duration(arg: &DurationArg) -> TokenStream {
     }
 }
 
-fn retry_loop(r: &RetryArgs, krate: &TokenStream, job: &TokenStream, ret: &Type, body: TokenStream, keyed: bool) -> TokenStream {
+fn retry_loop(
+    r: &RetryArgs,
+    krate: &TokenStream,
+    job: &TokenStream,
+    ret: &Type,
+    body: TokenStream,
+    keyed: bool,
+) -> TokenStream {
     let mut policy = quote!(#krate::Policy::new());
     if let Some(a) = &r.attempts {
         policy.extend(quote!(.attempts(#a)));
     }
-    for (setter, arg) in [("base", &r.base), ("cap", &r.cap), ("budget", &r.budget), ("timeout", &r.timeout)] {
+    for (setter, arg) in [
+        ("base", &r.base),
+        ("cap", &r.cap),
+        ("budget", &r.budget),
+        ("timeout", &r.timeout),
+    ] {
         if let Some(arg) = arg {
             let setter = Ident::new(setter, Span::call_site());
             let d = duration(arg);
@@ -253,7 +295,14 @@ fn retry_loop(r: &RetryArgs, krate: &TokenStream, job: &TokenStream, ret: &Type,
         state.extend(quote!(.dead_letter(&#d)));
     }
     let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
-    let method = Ident::new(if guarded { "attempt_guarded" } else { "attempt" }, ret.span());
+    let method = Ident::new(
+        if guarded {
+            "attempt_guarded"
+        } else {
+            "attempt"
+        },
+        ret.span(),
+    );
     let classify = match &r.on {
         None => quote_spanned!(ret.span()=> #krate::__private::transient),
         Some(On::Transient(span)) => {
@@ -305,7 +354,9 @@ fn idempotent_call(
         Some(InProgress::Fail) | None => {}
     }
     if let Some(fp) = &i.fingerprint {
-        call.extend(quote_spanned!(fp.span()=> .fingerprint(#krate::__private::fingerprint(&(#fp)))));
+        call.extend(
+            quote_spanned!(fp.span()=> .fingerprint(#krate::__private::fingerprint(&(#fp)))),
+        );
     }
     if let Some(store) = &i.store {
         call.extend(quote!(.store(&#store)));

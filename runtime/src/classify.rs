@@ -130,10 +130,12 @@ pub fn http_verdict(status: u16, retry_after: Option<&str>) -> Verdict {
 
 pub(crate) fn http_verdict_at(status: u16, retry_after: Option<&str>, now: SystemTime) -> Verdict {
     match status {
-        408 | 429 | 500 | 502 | 503 | 504 => match retry_after.and_then(|h| parse_retry_after(h, now)) {
-            Some(d) => Verdict::RetryAfter(d),
-            None => Verdict::Retry,
-        },
+        408 | 429 | 500 | 502 | 503 | 504 => {
+            match retry_after.and_then(|h| parse_retry_after(h, now)) {
+                Some(d) => Verdict::RetryAfter(d),
+                None => Verdict::Retry,
+            }
+        }
         _ => Verdict::Fail,
     }
 }
@@ -194,11 +196,24 @@ mod tests {
         let v = |h| http_verdict_at(503, Some(h), now);
         assert_eq!(v("120"), Verdict::RetryAfter(Duration::from_secs(120)));
         assert_eq!(v(" 0 "), Verdict::RetryAfter(Duration::ZERO));
-        assert_eq!(v("Wed, 21 Oct 2015 07:28:30 GMT"), Verdict::RetryAfter(Duration::from_secs(30)));
+        assert_eq!(
+            v("Wed, 21 Oct 2015 07:28:30 GMT"),
+            Verdict::RetryAfter(Duration::from_secs(30))
+        );
         // A date in the past means "now".
-        assert_eq!(v("Wed, 21 Oct 2015 07:27:00 GMT"), Verdict::RetryAfter(Duration::ZERO));
+        assert_eq!(
+            v("Wed, 21 Oct 2015 07:27:00 GMT"),
+            Verdict::RetryAfter(Duration::ZERO)
+        );
         // Malformed: back to the curve.
-        for bad in ["", "-5", "1.5", "soon", "99999999999999999999999", "Wed, 32 Oct 2015 07:28:00 GMT"] {
+        for bad in [
+            "",
+            "-5",
+            "1.5",
+            "soon",
+            "99999999999999999999999",
+            "Wed, 32 Oct 2015 07:28:00 GMT",
+        ] {
             assert_eq!(v(bad), Verdict::Retry, "{bad:?}");
         }
     }
@@ -209,7 +224,10 @@ mod tests {
         assert_eq!(crate::Error::Timeout.verdict(), Verdict::Retry);
         assert_eq!(crate::Error::KeyReused.verdict(), Verdict::Fail);
         assert_eq!(
-            crate::Error::CircuitOpen { retry_in: Duration::from_secs(1) }.verdict(),
+            crate::Error::CircuitOpen {
+                retry_in: Duration::from_secs(1)
+            }
+            .verdict(),
             Verdict::Fail
         );
     }

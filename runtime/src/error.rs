@@ -38,7 +38,9 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InProgress => f.write_str("another worker is running this job (idempotency key in progress)"),
+            Error::InProgress => {
+                f.write_str("another worker is running this job (idempotency key in progress)")
+            }
             Error::KeyReused => f.write_str("idempotency key reused with different arguments"),
             Error::CircuitOpen { retry_in } => {
                 write!(f, "circuit breaker open; next probe in {retry_in:?}")

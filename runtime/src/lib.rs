@@ -32,8 +32,8 @@
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
-pub mod idempotent;
 mod error;
+pub mod idempotent;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
@@ -213,7 +213,8 @@ pub mod __private {
     /// and builds.
     pub fn fingerprint<T: serde::Serialize + ?Sized>(value: &T) -> String {
         use sha2::{Digest, Sha256};
-        let bytes = serde_json::to_vec(value).unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
+        let bytes = serde_json::to_vec(value)
+            .unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
         let digest = Sha256::digest(&bytes);
         digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
     }

@@ -120,7 +120,11 @@ impl Policy {
         } else {
             self.base.saturating_mul(1u32 << shift)
         };
-        if grown.as_nanos() < self.cap.as_nanos() { grown } else { self.cap }
+        if grown.as_nanos() < self.cap.as_nanos() {
+            grown
+        } else {
+            self.cap
+        }
     }
 
     /// Runs `f` under this policy without any macro: the loop behind `#[retry]`.
@@ -174,7 +178,10 @@ mod tests {
     fn curve_doubles_and_caps() {
         let p = Policy::new();
         let ms = |n| p.delay(n).as_millis();
-        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(5), ms(6)], [500, 1000, 2000, 4000, 8000, 8000]);
+        assert_eq!(
+            [ms(1), ms(2), ms(3), ms(4), ms(5), ms(6)],
+            [500, 1000, 2000, 4000, 8000, 8000]
+        );
         assert_eq!(p.delay(0), Duration::from_millis(500));
         assert_eq!(p.delay(u32::MAX), Duration::from_secs(8));
         let huge = Policy::new().base(Duration::MAX).cap(Duration::MAX);
