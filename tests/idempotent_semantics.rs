@@ -454,6 +454,7 @@ trait ScopeOwned {
 }
 
 impl ScopeOwned for Runtime {
+    #[allow(clippy::manual_async_fn)] // the `Send + 'static` bound needs the explicit form
     fn scope_owned<F: std::future::Future + Send + 'static>(
         self,
         fut: F,

@@ -43,8 +43,11 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
+type Map = HashMap<(String, String), Entry>;
+type Shard = Mutex<Map>;
+
 struct Inner {
-    shards: Box<[Mutex<HashMap<(String, String), Entry>>]>,
+    shards: Box<[Shard]>,
     per_shard: usize,
     hasher: RandomState,
 }
@@ -121,7 +124,7 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, key: StoreKey<'_>) -> &Mutex<HashMap<(String, String), Entry>> {
+    fn shard(&self, key: StoreKey<'_>) -> &Shard {
         let mut h = self.inner.hasher.build_hasher();
         key.scope.hash(&mut h);
         key.key.hash(&mut h);
@@ -139,10 +142,10 @@ impl MemoryStore {
         let mut shard = lock(self.shard(key));
         let id = owned(key);
         if let Some(entry) = shard.get(&id).filter(|e| e.expires > now) {
-            if let (Some(theirs), Some(ours)) = (&entry.fingerprint, fingerprint) {
-                if theirs != ours {
-                    return Ok(Claim::KeyReused);
-                }
+            if let (Some(theirs), Some(ours)) = (&entry.fingerprint, fingerprint)
+                && theirs != ours
+            {
+                return Ok(Claim::KeyReused);
             }
             return Ok(match &entry.state {
                 State::Completed { record } => Claim::Completed(record.clone()),
@@ -178,7 +181,7 @@ impl MemoryStore {
         &self,
         key: StoreKey<'_>,
         token: &str,
-        f: impl FnOnce(&mut HashMap<(String, String), Entry>, (String, String)) -> R,
+        f: impl FnOnce(&mut Map, (String, String)) -> R,
     ) -> Option<R> {
         let now = Instant::now();
         let mut shard = lock(self.shard(key));
