@@ -34,7 +34,8 @@ impl From<bool> for Verdict {
 /// `Duration` (or `Option<Duration>`) in `field`, `#[transient(from)]` asks the variant's single
 /// field, and unmarked variants are permanent.
 ///
-/// ```
+#[cfg_attr(feature = "macros", doc = "```")]
+#[cfg_attr(not(feature = "macros"), doc = "```ignore")]
 /// use jobguard::{Transient, Verdict};
 /// use std::time::Duration;
 ///

@@ -4,7 +4,8 @@
 //! run twice; `#[retry]` re-runs only failures that can succeed on a second try, with capped,
 //! jittered exponential backoff, and hands the job to a dead-letter sink when it gives up.
 //!
-//! ```
+#![cfg_attr(feature = "macros", doc = "```")]
+#![cfg_attr(not(feature = "macros"), doc = "```ignore")]
 //! use jobguard::Transient;
 //!
 //! #[derive(Debug, Transient)]
@@ -43,13 +44,18 @@ pub mod store;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use classify::{Transient, Verdict, http_verdict};
+#[cfg(feature = "redis")]
+pub use dead_letter::redis::{RedisDeadLetters, RedriveError};
 pub use dead_letter::{DeadLetter, DeadLetterSink, GiveUp, LogDeadLetters, MemoryDeadLetters};
+pub use dead_letter::{FnDeadLetters, from_fn};
 pub use error::Error;
 pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use store::redis::RedisStore;
 pub use store::{Claim, Store, StoreKey};
 
 #[cfg(feature = "macros")]
