@@ -31,7 +31,9 @@ const TTL: Duration = Duration::from_secs(30);
 const RECORD: &[u8] = br#"{"v":1,"ok":{"order_id":"order-123456","attempts_used":1}}"#;
 const CONCURRENCY: [usize; 2] = [1, 64];
 /// Jobs per latency sample and per `redis-benchmark` run.
-const SAMPLE_JOBS: usize = 60_000;
+const SAMPLE_JOBS: usize = 20_000;
+/// Interleaved rounds of every contender.
+const ROUNDS: usize = 5;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -83,13 +85,6 @@ async fn run(
         lat.extend(h.await.unwrap());
     }
     (start.elapsed(), lat)
-}
-
-struct Row {
-    what: String,
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
@@ -161,71 +156,99 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    let mut rows = Vec::new();
-    for tasks in CONCURRENCY {
-        flush(&rt, &store);
-        let wall = rt.block_on(set_nx_px(&store, tasks, SAMPLE_JOBS as u64));
-        rows.push(Row {
-            what: format!("redis-rs SET NX PX, {tasks} task(s), requests/s"),
-            rate: SAMPLE_JOBS as f64 / wall.as_secs_f64(),
-            p50_ms: f64::NAN,
-            p99_ms: f64::NAN,
-        });
-        flush(&rt, &store);
-        let (wall, mut lat) = rt.block_on(run(&store, tasks, SAMPLE_JOBS as u64, true));
-        lat.sort();
-        rows.push(Row {
-            what: format!("RedisStore claim+complete, {tasks} task(s), jobs/s"),
-            rate: SAMPLE_JOBS as f64 / wall.as_secs_f64(),
-            p50_ms: percentile(&lat, 0.50),
-            p99_ms: percentile(&lat, 0.99),
-        });
-        for (name, command) in [
-            ("redis-benchmark -t set", &["-t", "set"][..]),
-            (
-                "redis-benchmark SET NX PX",
-                &["SET", "key:__rand_int__", "v", "NX", "PX", "30000"][..],
-            ),
-        ] {
-            flush(&rt, &store);
-            match redis_benchmark(server.port(), tasks, command) {
-                Some((rate, p50_ms, p99_ms)) => rows.push(Row {
-                    what: format!("{name} -c {tasks}, requests/s"),
-                    rate,
-                    p50_ms,
-                    p99_ms,
-                }),
-                None => eprintln!("{name}: redis-benchmark not found or unreadable"),
-            }
-        }
-    }
+    // Interleaved rounds: this machine's speed drifts (shared cores), so each round measures
+    // every contender back to back, and the ratios are taken per round, then the median.
     println!(
-        "\n{:<52} {:>10} {:>9} {:>9}",
-        "", "rate", "p50 ms", "p99 ms"
+        "\n{ROUNDS} interleaved rounds of {SAMPLE_JOBS} jobs/requests each; rate = median round"
     );
-    for r in &rows {
-        println!(
-            "{:<52} {:>10.0} {:>9.3} {:>9.3}",
-            r.what, r.rate, r.p50_ms, r.p99_ms
-        );
-    }
+    println!(
+        "{:<44} {:>10} {:>9} {:>9}",
+        "", "rate/s", "p50 ms", "p99 ms"
+    );
+    let peers: [(&str, &[&str]); 2] = [
+        ("redis-benchmark -t set", &["-t", "set"]),
+        (
+            "redis-benchmark SET NX PX",
+            &["SET", "key:__rand_int__", "v", "NX", "PX", "30000"],
+        ),
+    ];
     for tasks in CONCURRENCY {
-        let ours = rows.iter().find(|r| {
-            r.what
-                .starts_with(&format!("RedisStore claim+complete, {tasks} "))
-        });
-        for peer in ["redis-benchmark -t set", "redis-benchmark SET NX PX"] {
-            let theirs = rows
-                .iter()
-                .find(|r| r.what.starts_with(&format!("{peer} -c {tasks},")));
-            if let (Some(o), Some(t)) = (ours, theirs) {
-                println!(
-                    "concurrency {tasks}: RedisStore jobs/s = {:.0}% of {peer} requests/s",
-                    100.0 * o.rate / t.rate
-                );
+        let mut ours = Vec::new();
+        let mut lat = Vec::new();
+        let mut floor = Vec::new();
+        let mut theirs: [Vec<(f64, f64, f64)>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..ROUNDS {
+            flush(&rt, &store);
+            let (wall, l) = rt.block_on(run(&store, tasks, SAMPLE_JOBS as u64, true));
+            ours.push(SAMPLE_JOBS as f64 / wall.as_secs_f64());
+            lat.extend(l);
+            flush(&rt, &store);
+            let wall = rt.block_on(set_nx_px(&store, tasks, SAMPLE_JOBS as u64));
+            floor.push(SAMPLE_JOBS as f64 / wall.as_secs_f64());
+            for (i, (name, command)) in peers.iter().enumerate() {
+                flush(&rt, &store);
+                match redis_benchmark(server.port(), tasks, command) {
+                    Some(r) => theirs[i].push(r),
+                    None => eprintln!("{name}: redis-benchmark not found or unreadable"),
+                }
             }
         }
+        lat.sort();
+        let row = |what: String, rate: f64, p50: f64, p99: f64| {
+            println!("{what:<44} {rate:>10.0} {p50:>9.3} {p99:>9.3}");
+        };
+        row(
+            format!("RedisStore claim+complete, {tasks} task(s)"),
+            median(&ours),
+            percentile(&lat, 0.50),
+            percentile(&lat, 0.99),
+        );
+        row(
+            format!("redis-rs SET NX PX, {tasks} task(s)"),
+            median(&floor),
+            f64::NAN,
+            f64::NAN,
+        );
+        for (i, (name, _)) in peers.iter().enumerate() {
+            let runs = &theirs[i];
+            if runs.len() != ROUNDS {
+                continue;
+            }
+            let pick =
+                |f: fn(&(f64, f64, f64)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+            row(
+                format!("{name} -c {tasks}"),
+                pick(|r| r.0),
+                pick(|r| r.1),
+                pick(|r| r.2),
+            );
+        }
+        for (i, (name, _)) in peers.iter().enumerate() {
+            if theirs[i].len() != ROUNDS {
+                continue;
+            }
+            let ratios: Vec<f64> = ours
+                .iter()
+                .zip(&theirs[i])
+                .map(|(o, t)| 100.0 * o / t.0)
+                .collect();
+            println!(
+                "  concurrency {tasks}: RedisStore jobs/s = {:.0}% of {name} requests/s (rounds: {})",
+                median(&ratios),
+                ratios
+                    .iter()
+                    .map(|r| format!("{r:.0}%"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
     }
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// The client's own floor: one plain `SET NX PX` per job on the same connection manager.
