@@ -3,22 +3,66 @@
 //!
 //! ```text
 //! cargo run --example charge                      # the embedded in-memory store
-//! cargo run --example charge -- --redis URL       # a shared Redis store
+//! cargo run --example charge -- --redis URL       # Redis store, dead letters in a Redis stream
 //! ```
+//!
+//! With `--redis`, order-B's dead letter stays in the stream `jobguard:dead_letters:charge`;
+//! `RedisDeadLetters::redrive(id, |letter| async { ... })` replays it and removes it only when
+//! the replay succeeds.
 
-use jobguard::{MemoryDeadLetters, MemoryStore};
+use jobguard::{MemoryDeadLetters, MemoryStore, RedisDeadLetters, RedisStore};
 use jobguard_workspace::scenario::{Service, run_scenario};
+
+const STREAM: &str = "jobguard:dead_letters:charge";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let letters = MemoryDeadLetters::new();
-    if args.iter().any(|a| a == "--redis") {
-        return Err("--redis: the Redis store is not built yet".into());
-    }
-    println!("store: in memory (embedded default)");
-    let service = Service::start(MemoryStore::new(), letters.clone());
+    let redis_url = match args.iter().position(|a| a == "--redis") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .ok_or("--redis needs a URL, such as redis://127.0.0.1:6379")?
+                .clone(),
+        ),
+        None => None,
+    };
+    let service = match &redis_url {
+        Some(url) => {
+            // A fresh demo: forget the keys an earlier run completed (layout `jobguard:{scope}:{key}`).
+            let client = redis::Client::open(url.as_str())?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let _: () = redis::cmd("DEL")
+                .arg("jobguard:payments.charge:idem-1")
+                .arg("jobguard:payments.charge:idem-2")
+                .query_async(&mut conn)
+                .await?;
+            println!("store: redis at {url}; dead letters: stream {STREAM}");
+            Service::start(
+                RedisStore::connect(url).await?,
+                RedisDeadLetters::connect(url, STREAM).await?,
+            )
+        }
+        None => {
+            println!("store: in memory (embedded default)");
+            Service::start(MemoryStore::new(), MemoryDeadLetters::new())
+        }
+    };
     let state = run_scenario(&service).await;
     println!("\n$ GET /state\n{}", serde_json::to_string_pretty(&state)?);
+    if let Some(url) = &redis_url {
+        let letters = RedisDeadLetters::connect(url, STREAM).await?;
+        for (id, letter) in letters.list().await? {
+            println!(
+                "\nin {STREAM}: {id} job={} key={} reason={} attempts={}",
+                letter.job,
+                letter.key.as_deref().unwrap_or("-"),
+                letter.reason,
+                letter.attempts
+            );
+            println!(
+                "  redrive: letters.redrive(\"{id}\", |letter| async {{ /* run the job again */ }}).await"
+            );
+        }
+    }
     Ok(())
 }
