@@ -4,8 +4,9 @@
 
 use crate::args::{self, DurationArg, Errors, IdempotentArgs, InProgress, On, RetryArgs};
 use crate::validate;
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
 
@@ -170,8 +171,8 @@ fn expand(
     let ReturnType::Type(_, ret) = &sig.output else {
         unreachable!("validated: returns Result")
     };
-    let name = sig.ident.to_string();
-    let job = quote!(::core::concat!(::core::module_path!(), "::", #name));
+    let name = format!("::{}", sig.ident.unraw());
+    let job = quote!(::core::concat!(::core::module_path!(), #name));
     let body = attempt_block(&block, ret);
 
     let outer = match (retry, idempotent) {
@@ -235,13 +236,15 @@ fn duration(arg: &DurationArg) -> TokenStream {
     match arg {
         DurationArg::Literal(d, span) => {
             let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+            let lit_secs = Literal::u64_unsuffixed(secs);
             if nanos == 0 {
-                quote_spanned!(*span=> ::core::time::Duration::from_secs(#secs))
+                quote_spanned!(*span=> ::core::time::Duration::from_secs(#lit_secs))
             } else if nanos % 1_000_000 == 0 && secs < u64::MAX / 1000 {
-                let ms = secs * 1000 + u64::from(nanos / 1_000_000);
+                let ms = Literal::u64_unsuffixed(secs * 1000 + u64::from(nanos / 1_000_000));
                 quote_spanned!(*span=> ::core::time::Duration::from_millis(#ms))
             } else {
-                quote_spanned!(*span=> ::core::time::Duration::new(#secs, #nanos))
+                let nanos = Literal::u32_unsuffixed(nanos);
+                quote_spanned!(*span=> ::core::time::Duration::new(#lit_secs, #nanos))
             }
         }
         DurationArg::Expr(e) => quote!(#e),
@@ -284,7 +287,20 @@ fn retry_loop(
         );
         policy.extend(quote!(.jitter(#krate::Jitter::#variant)));
     }
-    let mut state = quote!(#krate::__private::Retry::new(#job, #policy));
+    // A policy of literals is a `const`, so the call only borrows it; one that reads
+    // expressions is made on each call.
+    let literal = [&r.base, &r.cap, &r.budget, &r.timeout]
+        .iter()
+        .all(|d| d.as_ref().is_none_or(|d| d.literal().is_some()))
+        && r.attempts.as_ref().is_none_or(|a| matches!(a, syn::Expr::Lit(_)));
+    let (policy, policy_name) = if literal {
+        let name = quote!(__JOBGUARD_POLICY);
+        (quote!(const #name: #krate::Policy = #policy;), name)
+    } else {
+        let name = quote!(__jobguard_policy);
+        (quote!(let #name: #krate::Policy = #policy;), name)
+    };
+    let mut state = quote!(#krate::__private::Retry::of(&__JOBGUARD_JOB, &#policy_name));
     if keyed {
         state.extend(quote!(.key(&__jobguard_key)));
     }
@@ -313,6 +329,8 @@ fn retry_loop(
         Some(On::Classifier(f)) => quote!(#f),
     };
     quote! {
+        static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
+        #policy
         let mut __jobguard_retry = #state;
         loop {
             let __jobguard_attempt = __jobguard_retry.#method(#body).await;

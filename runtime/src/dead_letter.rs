@@ -141,9 +141,8 @@ impl DeadLetter {
 /// What a job call gathers for its dead letter on the failure path: the last errors and a
 /// reference to the arguments. Empty until the first failure; nothing here allocates or
 /// serializes while attempts succeed.
-pub(crate) struct Trail<'a> {
+pub(crate) struct Trail {
     history: VecDeque<String>,
-    payload: Option<&'a dyn Payload>,
 }
 
 /// Arguments that can be serialized when, and only when, a letter is written.
@@ -157,16 +156,11 @@ impl<P: Serialize + Sync> Payload for P {
     }
 }
 
-impl<'a> Trail<'a> {
+impl Trail {
     pub(crate) const fn new() -> Self {
         Trail {
             history: VecDeque::new(),
-            payload: None,
         }
-    }
-
-    pub(crate) fn set_payload(&mut self, payload: &'a dyn Payload) {
-        self.payload = Some(payload);
     }
 
     /// Notes one failure (an attempt's error, or a refusal by the breaker).
@@ -180,8 +174,8 @@ impl<'a> Trail<'a> {
 
     /// Completes `letter` with the history and the serialized payload. A payload that cannot be
     /// serialized is reported and left out: the letter itself is never lost for it.
-    pub(crate) fn seal(&mut self, letter: DeadLetter) -> DeadLetter {
-        let payload = self.payload.and_then(|p| match p.to_json() {
+    pub(crate) fn seal(&mut self, payload: Option<&dyn Payload>, letter: DeadLetter) -> DeadLetter {
+        let payload = payload.and_then(|p| match p.to_json() {
             Ok(value) => Some(value),
             Err(e) => {
                 crate::observe::log_error(format_args!(

@@ -163,6 +163,7 @@ pub use jobguard_macros::idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::idempotent::Idempotent;
+    pub use crate::observe::Job;
     pub use crate::retry::Retry;
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;

@@ -4,6 +4,46 @@ use crate::{DeadLetter, Verdict};
 use std::fmt;
 use std::time::Duration;
 
+/// Whether any runtime with an observer was ever built in this process. Until one is, a job
+/// raises its events without looking up the runtime in scope at all.
+static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// See [`OBSERVED`].
+#[inline]
+pub(crate) fn observed() -> bool {
+    OBSERVED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes that a runtime with an observer exists. Called before that runtime can run a job.
+pub(crate) fn note_observer() {
+    OBSERVED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A job's name, with what observing it needs made once. `#[retry]` keeps one in a `static`
+/// per function, so that recording its events looks nothing up by name.
+#[doc(hidden)]
+pub struct Job {
+    name: &'static str,
+    #[cfg(feature = "metrics")]
+    metrics: self::metrics::JobKeys,
+}
+
+impl Job {
+    /// The job named `name`.
+    pub const fn new(name: &'static str) -> Self {
+        Job {
+            name,
+            #[cfg(feature = "metrics")]
+            metrics: self::metrics::JobKeys::new(name),
+        }
+    }
+
+    /// The job's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
 /// Something that happened to a job. Borrowed, so observing costs no allocation.
 #[derive(Clone, Copy)]
 #[non_exhaustive]
@@ -140,10 +180,16 @@ pub mod tracing;
 
 /// The built-in integrations' view of every event (`metrics` counters, `tracing` events); a
 /// no-op without those features.
+/// `job`, when given, is the event's job as `#[retry]` declares it, so its keys are made once.
 #[inline(always)]
-pub(crate) fn record(event: &Event<'_>) {
+pub(crate) fn record_job(event: &Event<'_>, job: Option<&'static Job>) {
     #[cfg(feature = "metrics")]
-    self::metrics::record(event);
+    match job {
+        Some(job) => self::metrics::record_keyed(event, &job.metrics),
+        None => self::metrics::record(event),
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = job;
     #[cfg(feature = "tracing")]
     self::tracing::record(event);
     let _ = event;

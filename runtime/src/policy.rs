@@ -157,7 +157,7 @@ impl Policy {
         F: AsyncFnMut(u32) -> Result<T, E>,
         E: crate::Transient + From<crate::Error> + std::fmt::Display,
     {
-        let mut retry = crate::retry::Retry::new(job, *self);
+        let mut retry = crate::retry::Retry::new(job, self);
         loop {
             let attempt = retry.next_attempt();
             let result = retry.attempt_guarded(f(attempt)).await;

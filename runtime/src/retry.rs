@@ -5,24 +5,32 @@
 //! for closures. The success path allocates nothing and takes no lock.
 
 use crate::breaker::{CircuitBreaker, Permit};
-use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp, Trail};
-use crate::observe::Event;
+use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp, Payload, Trail};
+use crate::observe::{Event, Job};
+use crate::runtime::Current;
 use crate::{Error, Policy, Runtime, Verdict};
 use core::ops::ControlFlow;
 use rand::rngs::SmallRng;
 use std::fmt::Display;
 use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 /// The state of one call of a retried job.
 pub struct Retry<'a> {
     job: &'a str,
+    /// The job's static descriptor, when the name is known at compile time.
+    known: Option<&'static Job>,
     key: Option<&'a str>,
-    policy: Policy,
+    policy: &'a Policy,
     breaker: Option<&'a CircuitBreaker>,
     sink: Option<&'a dyn DeadLetterSink>,
-    runtime: Runtime,
+    /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
+    /// in a process where no runtime has an observer never looks it up.
+    runtime: Option<Current>,
     attempt: u32,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
     started: Option<Instant>,
@@ -31,12 +39,20 @@ pub struct Retry<'a> {
     last_wall: Option<SystemTime>,
     /// Whether the current attempt's wall-clock start has been taken.
     stamped: bool,
-    previous_delay: Duration,
-    rng: Option<SmallRng>,
     permit: Option<Permit<'a>>,
-    trail: Trail<'a>,
+    payload: Option<&'a dyn Payload>,
+    /// What only a failure needs, allocated at the first one.
+    failures: Option<Box<Failures>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
+}
+
+/// The state only a failing call needs.
+struct Failures {
+    /// The last delay, for decorrelated jitter.
+    previous_delay: Duration,
+    rng: Option<SmallRng>,
+    trail: Trail,
 }
 
 /// Where a failed attempt's error came from.
@@ -57,26 +73,38 @@ pub struct Attempted<T, E> {
 
 impl<'a> Retry<'a> {
     /// The state for one call of the job named `job`, under `policy`, with the runtime in scope.
-    pub fn new(job: &'a str, policy: Policy) -> Self {
+    pub fn new(job: &'a str, policy: &'a Policy) -> Self {
+        Self::build(job, None, policy)
+    }
+
+    #[inline(always)]
+    fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
         Retry {
             job,
+            known,
             key: None,
             policy,
             breaker: None,
             sink: None,
-            runtime: Runtime::current(),
+            runtime: None,
             attempt: 0,
             started: None,
             first_wall: None,
             last_wall: None,
             stamped: false,
-            previous_delay: policy.base,
-            rng: None,
             permit: None,
-            trail: Trail::new(),
+            payload: None,
+            failures: None,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
         }
+    }
+
+    /// The state for one call of the job `job` declares, under `policy`: what `#[retry]` uses, with
+    /// `job` in a `static`.
+    #[inline]
+    pub fn of(job: &'static Job, policy: &'a Policy) -> Self {
+        Self::build(job.name(), Some(job), policy)
     }
 
     /// The idempotency key, carried into events and the dead letter.
@@ -100,16 +128,41 @@ impl<'a> Retry<'a> {
     /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
     /// never otherwise: the success path neither serializes nor allocates.
     pub fn payload<P: serde::Serialize + Sync>(mut self, payload: &'a P) -> Self {
-        self.trail.set_payload(payload);
+        self.payload = Some(payload);
         self
     }
 
     /// Raises `event` on the runtime, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
+        let runtime = match crate::observe::observed() {
+            true => Some(&**self.runtime.get_or_insert_with(Current::get)),
+            false => None,
+        };
         #[cfg(feature = "tracing")]
-        let _entered = self.span.get(self.job, self.key).enter();
-        self.runtime.emit(event);
+        let _entered = self.span.enter(self.job, self.key);
+        match runtime {
+            Some(runtime) => runtime.emit_job(event, self.known),
+            None => crate::observe::record_job(event, self.known),
+        }
+    }
+
+    /// The runtime in scope.
+    fn runtime(&mut self) -> &Runtime {
+        self.runtime.get_or_insert_with(Current::get)
+    }
+
+    /// The failure state, made at the first failure.
+    #[cold]
+    fn failures(&mut self) -> &mut Failures {
+        let base = self.policy.base;
+        self.failures.get_or_insert_with(|| {
+            Box::new(Failures {
+                previous_delay: base,
+                rng: None,
+                trail: Trail::new(),
+            })
+        })
     }
 
     /// The number the next attempt will have, from 1.
@@ -120,6 +173,8 @@ impl<'a> Retry<'a> {
     fn begin(&mut self) {
         self.attempt += 1;
         self.stamped = false;
+        #[cfg(feature = "tracing")]
+        self.span.record_attempt(self.job, self.key, self.attempt);
         self.emit(&Event::Attempt {
             job: self.job,
             key: self.key,
@@ -145,8 +200,12 @@ impl<'a> Retry<'a> {
     where
         F: Future<Output = Result<T, E>>,
     {
+        #[cfg(feature = "tracing")]
+        let span = self.span.handle(self.job, self.key);
         let mut attempt = std::pin::pin!(attempt);
         let result = std::future::poll_fn(|cx| {
+            #[cfg(feature = "tracing")]
+            let _entered = span.as_ref().map(tracing::Span::enter);
             let polled = attempt.as_mut().poll(cx);
             if polled.is_pending() {
                 self.stamp();
@@ -162,16 +221,16 @@ impl<'a> Retry<'a> {
 
     /// Runs one attempt of a job with no breaker, timeout or budget, so the runtime cannot fail
     /// on its own and `E` needs nothing from jobguard.
-    pub async fn attempt<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
+    pub fn attempt<T, E, F>(&mut self, attempt: F) -> AttemptFuture<'_, 'a, F>
     where
         F: Future<Output = Result<T, E>>,
     {
         self.begin();
-        #[cfg(feature = "tracing")]
-        let attempt = self.span.instrument(self.job, self.key, attempt);
-        Attempted {
-            result: self.watch(attempt).await,
-            origin: Origin::Body,
+        AttemptFuture {
+            #[cfg(feature = "tracing")]
+            span: self.span.handle(self.job, self.key),
+            retry: self,
+            future: attempt,
         }
     }
 
@@ -195,8 +254,6 @@ impl<'a> Retry<'a> {
             }
         }
         self.begin();
-        #[cfg(feature = "tracing")]
-        let attempt = self.span.instrument(self.job, self.key, attempt);
         let (deadline, origin) = match (self.policy.timeout, self.policy.budget) {
             // A breaker alone needs no clock.
             (None, None) => (None, Origin::Body),
@@ -241,17 +298,18 @@ impl<'a> Retry<'a> {
 
     /// Decides what follows an attempt: `Break` with the result to return (success, or the last
     /// error after a give-up has been dead-lettered), or `Continue` after waiting out the delay.
-    pub async fn settle<T, E, V>(
+    /// A success is decided here and now; only a failure has anything to await.
+    pub fn settle<T, E, V>(
         &mut self,
         attempted: Attempted<T, E>,
         classify: impl FnOnce(&E) -> V,
-    ) -> ControlFlow<Result<T, E>>
+    ) -> Settle<T, E, impl Future<Output = ControlFlow<Result<T, E>>>>
     where
         E: Display,
         V: Into<Verdict>,
     {
         let Attempted { result, origin } = attempted;
-        let error = match result {
+        match result {
             Ok(value) => {
                 if let Some(permit) = self.permit.take() {
                     permit.success();
@@ -261,17 +319,31 @@ impl<'a> Retry<'a> {
                     key: self.key,
                     attempts: self.attempt,
                 });
-                return ControlFlow::Break(Ok(value));
+                Settle(Settled::Done(Some(value)), PhantomData)
             }
-            Err(error) => error,
-        };
-        self.trail.failed(&error);
-        // The runtime's own failures are classified by the runtime, whatever `E` says of them.
-        let verdict = match origin {
-            Origin::Body => classify(&error).into(),
-            Origin::Timeout => Verdict::Retry,
-            Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
-        };
+            Err(error) => {
+                // The runtime's own failures are classified by the runtime, whatever `E` says.
+                let verdict = match origin {
+                    Origin::Body => classify(&error).into(),
+                    Origin::Timeout => Verdict::Retry,
+                    Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
+                };
+                Settle(
+                    Settled::Failed(Box::pin(self.failed(error, origin, verdict))),
+                    PhantomData,
+                )
+            }
+        }
+    }
+
+    /// What follows a failed attempt: a give-up, or the wait before the next attempt.
+    async fn failed<T, E: Display>(
+        &mut self,
+        error: E,
+        origin: Origin,
+        verdict: Verdict,
+    ) -> ControlFlow<Result<T, E>> {
+        self.failures().trail.failed(&error);
         // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
         // nothing about the dependency's health: its permit is dropped here, neutral.
         if let Some(permit) = self.permit.take()
@@ -294,7 +366,7 @@ impl<'a> Retry<'a> {
             Verdict::RetryAfter(exact) => exact,
             _ => self.jittered(self.attempt),
         };
-        self.previous_delay = delay;
+        self.failures().previous_delay = delay;
         if let Some(budget) = self.policy.budget {
             let start = *self.started.get_or_insert_with(Instant::now);
             let beyond = match (Instant::now().checked_add(delay), start.checked_add(budget)) {
@@ -323,20 +395,29 @@ impl<'a> Retry<'a> {
     }
 
     fn jittered(&mut self, retry: u32) -> Duration {
-        let p = &self.policy;
+        let p = self.policy;
         let curve = p.delay(retry);
         if !p.jitter.is_random() {
             return curve;
         }
-        let rng = self.rng.get_or_insert_with(|| self.runtime.rng());
+        let runtime = self.runtime.get_or_insert_with(Current::get);
+        let base = p.base;
+        let failures = self.failures.get_or_insert_with(|| {
+            Box::new(Failures {
+                previous_delay: base,
+                rng: None,
+                trail: Trail::new(),
+            })
+        });
+        let rng = failures.rng.get_or_insert_with(|| runtime.rng());
         p.jitter
-            .apply(curve, self.previous_delay, p.base, p.cap, rng)
+            .apply(curve, failures.previous_delay, p.base, p.cap, rng)
     }
 
     async fn give_up<E: Display>(&mut self, reason: GiveUp, error: &E) {
         let now = SystemTime::now();
         let first = self.first_wall.unwrap_or(now);
-        let letter = self.trail.seal(DeadLetter::new(
+        let letter = DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
             reason,
@@ -344,20 +425,91 @@ impl<'a> Retry<'a> {
             error.to_string(),
             first,
             self.last_wall.unwrap_or(first),
-        ));
+        );
+        let payload = self.payload;
+        let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
+        #[cfg(feature = "tracing")]
+        let span = self.span.handle(self.job, self.key);
         let send = match self.sink {
             Some(sink) => sink.send(letter),
-            None => self.runtime.inner.dead_letters.send(letter),
+            None => self.runtime().inner.dead_letters.send(letter),
         };
         #[cfg(feature = "tracing")]
-        let send = self.span.instrument(self.job, self.key, send);
+        let send = tracing::Instrument::instrument(send, span.unwrap_or_else(tracing::Span::none));
         let sent = send.await;
         if let Err(e) = sent {
             crate::observe::log_error(format_args!(
                 "jobguard: job {} gave up ({reason}) but its dead letter was lost: {e}",
                 self.job
             ));
+        }
+    }
+}
+
+/// One attempt in flight, as [`Retry::attempt`] returns it: the job's body, run inside the call's
+/// span, with its wall-clock start taken only if a dead letter could need it (see
+/// [`Retry::watch`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct AttemptFuture<'r, 'a, F> {
+    retry: &'r mut Retry<'a>,
+    #[cfg(feature = "tracing")]
+    span: Option<tracing::Span>,
+    future: F,
+}
+
+impl<T, E, F: Future<Output = Result<T, E>>> Future for AttemptFuture<'_, '_, F> {
+    type Output = Attempted<T, E>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // SAFETY: `future` is pinned structurally: it is never moved out of `self`, `self` has
+        // no `Drop` that could move it, and `AttemptFuture` is `Unpin` only when `F` is.
+        let this = unsafe { self.get_unchecked_mut() };
+        let future = unsafe { Pin::new_unchecked(&mut this.future) };
+        #[cfg(feature = "tracing")]
+        let _entered = this.span.as_ref().map(tracing::Span::enter);
+        match future.poll(cx) {
+            Poll::Pending => {
+                this.retry.stamp();
+                Poll::Pending
+            }
+            Poll::Ready(result) => {
+                if result.is_err() {
+                    this.retry.stamp();
+                }
+                Poll::Ready(Attempted {
+                    result,
+                    origin: Origin::Body,
+                })
+            }
+        }
+    }
+}
+
+/// What follows one attempt, as [`Retry::settle`] returns it: ready at once after a success,
+/// a boxed wait (allocated on the failure path only) after a failure.
+#[must_use = "futures do nothing unless polled"]
+pub struct Settle<T, E, S>(Settled<T, S>, PhantomData<fn() -> E>);
+
+enum Settled<T, S> {
+    Done(Option<T>),
+    Failed(Pin<Box<S>>),
+}
+
+// Nothing inside is pinned: the value is moved out by `take`, the wait is boxed.
+impl<T, E, S> Unpin for Settle<T, E, S> {}
+
+impl<T, E, S: Future<Output = ControlFlow<Result<T, E>>>> Future for Settle<T, E, S> {
+    type Output = ControlFlow<Result<T, E>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().0 {
+            Settled::Done(value) => Poll::Ready(ControlFlow::Break(Ok(value
+                .take()
+                .expect("`Settle` polled after completion")))),
+            Settled::Failed(wait) => wait.as_mut().poll(cx),
         }
     }
 }

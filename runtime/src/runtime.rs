@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Whether `observer` was set: without one, events skip the dynamic call.
+    observed: bool,
     seed: Option<u64>,
     draws: AtomicU64,
 }
@@ -88,16 +90,55 @@ impl RuntimeBuilder {
 
     /// The runtime.
     pub fn build(self) -> Runtime {
+        if self.observer.is_some() {
+            crate::observe::note_observer();
+        }
         Runtime {
             inner: Arc::new(Inner {
                 store: self.store.unwrap_or_else(|| EMBEDDED_STORE.clone()),
                 dead_letters: self
                     .dead_letters
                     .unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
+                observed: self.observer.is_some(),
                 observer: self.observer.unwrap_or_else(|| Arc::new(NoopObserver)),
                 seed: self.seed,
                 draws: AtomicU64::new(0),
             }),
+        }
+    }
+}
+
+/// The runtime in scope, borrowed when it is the installed or the embedded one (no reference
+/// count is touched), owned when it comes from a [`Runtime::scope`], whose task-local value
+/// cannot be borrowed past the lookup.
+pub(crate) enum Current {
+    Static(&'static Runtime),
+    Scoped(Runtime),
+}
+
+impl Current {
+    /// The runtime a job started here would use.
+    #[inline]
+    pub(crate) fn get() -> Current {
+        SCOPED
+            .try_with(|scoped| Current::Scoped(scoped.clone()))
+            .unwrap_or_else(|_| Current::Static(INSTALLED.get().unwrap_or(&EMBEDDED)))
+    }
+
+    /// An owned handle on the runtime.
+    pub(crate) fn to_owned(&self) -> Runtime {
+        Runtime::clone(self)
+    }
+}
+
+impl std::ops::Deref for Current {
+    type Target = Runtime;
+
+    #[inline]
+    fn deref(&self) -> &Runtime {
+        match self {
+            Current::Static(runtime) => runtime,
+            Current::Scoped(runtime) => runtime,
         }
     }
 }
@@ -135,9 +176,7 @@ impl Runtime {
 
     /// The runtime a job started here would use.
     pub fn current() -> Runtime {
-        SCOPED
-            .try_with(Runtime::clone)
-            .unwrap_or_else(|_| INSTALLED.get().unwrap_or(&EMBEDDED).clone())
+        Current::get().to_owned()
     }
 
     /// The idempotency store for jobs without `store = ...`.
@@ -159,8 +198,20 @@ impl Runtime {
     /// features are on. Every event the runtime raises goes through here.
     #[inline]
     pub(crate) fn emit(&self, event: &crate::observe::Event<'_>) {
-        self.inner.observer.on_event(event);
-        crate::observe::record(event);
+        self.emit_job(event, None);
+    }
+
+    /// [`Runtime::emit`], for an event of a job whose name is known statically.
+    #[inline]
+    pub(crate) fn emit_job(
+        &self,
+        event: &crate::observe::Event<'_>,
+        job: Option<&'static crate::observe::Job>,
+    ) {
+        if self.inner.observed {
+            self.inner.observer.on_event(event);
+        }
+        crate::observe::record_job(event, job);
     }
 
     /// A fresh random stream for one job's jitter: seeded from the runtime's seed and the number

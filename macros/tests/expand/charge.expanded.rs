@@ -11,12 +11,16 @@
 
 /// Captures the order's payment.
 pub async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
-        ::core::concat!(::core::module_path!(), "::", "charge"),
-        ::jobguard::Policy::new()
-            .attempts(5)
-            .base(::core::time::Duration::from_millis(500u64))
-            .cap(::core::time::Duration::from_secs(8u64)),
+    static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
+        ::core::concat!(::core::module_path!(), "::charge"),
+    );
+    const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new()
+        .attempts(5)
+        .base(::core::time::Duration::from_millis(500))
+        .cap(::core::time::Duration::from_secs(8));
+    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+        &__JOBGUARD_JOB,
+        &__JOBGUARD_POLICY,
     );
     loop {
         let __jobguard_attempt = __jobguard_retry

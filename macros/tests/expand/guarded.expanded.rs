@@ -9,11 +9,15 @@
 //     }
 
 async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
-            ::core::concat!(::core::module_path!(), "::", "capture"),
-            ::jobguard::Policy::new()
-                .attempts(4)
-                .timeout(::core::time::Duration::from_secs(2u64)),
+    static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
+        ::core::concat!(::core::module_path!(), "::capture"),
+    );
+    const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new()
+        .attempts(4)
+        .timeout(::core::time::Duration::from_secs(2));
+    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+            &__JOBGUARD_JOB,
+            &__JOBGUARD_POLICY,
         )
         .breaker(&GATEWAY)
         .dead_letter(&DEAD_LETTERS);

@@ -12,17 +12,21 @@
 async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
     let __jobguard_key = ::jobguard::__private::key(&(order_id));
     ::jobguard::__private::Idempotent::new(
-            ::core::concat!(::core::module_path!(), "::", "charge"),
+            ::core::concat!(::core::module_path!(), "::charge"),
             &__jobguard_key,
         )
         .run(async {
-            let mut __jobguard_retry = ::jobguard::__private::Retry::new(
-                    ::core::concat!(::core::module_path!(), "::", "charge"),
-                    ::jobguard::Policy::new()
-                        .attempts(5)
-                        .base(::core::time::Duration::from_millis(500u64))
-                        .cap(::core::time::Duration::from_secs(8u64))
-                        .jitter(::jobguard::Jitter::None),
+            static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
+                ::core::concat!(::core::module_path!(), "::charge"),
+            );
+            const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new()
+                .attempts(5)
+                .base(::core::time::Duration::from_millis(500))
+                .cap(::core::time::Duration::from_secs(8))
+                .jitter(::jobguard::Jitter::None);
+            let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+                    &__JOBGUARD_JOB,
+                    &__JOBGUARD_POLICY,
                 )
                 .key(&__jobguard_key);
             loop {

@@ -10,9 +10,15 @@
 //     }
 
 async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
-        ::core::concat!(::core::module_path!(), "::", "refund"),
-        ::jobguard::Policy::new().attempts(3).jitter(::jobguard::Jitter::None),
+    static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
+        ::core::concat!(::core::module_path!(), "::refund"),
+    );
+    const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new()
+        .attempts(3)
+        .jitter(::jobguard::Jitter::None);
+    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+        &__JOBGUARD_JOB,
+        &__JOBGUARD_POLICY,
     );
     loop {
         let __jobguard_attempt = __jobguard_retry

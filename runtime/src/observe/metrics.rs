@@ -36,7 +36,7 @@ use crate::observe::Event;
 use ::metrics::{Key, Label, Level, Metadata};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 /// `jobguard_attempts_total{job}`: attempts started.
 pub const ATTEMPTS: &str = "jobguard_attempts_total";
@@ -97,6 +97,47 @@ pub const fn state_value(state: BreakerState) -> f64 {
 }
 
 static METADATA: Metadata<'static> = Metadata::new("jobguard", Level::INFO, Some(module_path!()));
+
+/// The keys of one job's per-attempt counters, made once for the life of the process: a
+/// `#[retry]` function keeps them in a `static`, so counting its attempts hashes nothing.
+pub(crate) struct JobKeys {
+    labels: [Label; 1],
+    keys: OnceLock<[Key; 2]>,
+}
+
+impl JobKeys {
+    pub(crate) const fn new(job: &'static str) -> Self {
+        JobKeys {
+            labels: [Label::from_static_parts("job", job)],
+            keys: OnceLock::new(),
+        }
+    }
+
+    /// `[attempts, retries]`.
+    fn keys(&'static self) -> &'static [Key; 2] {
+        self.keys.get_or_init(|| {
+            [
+                Key::from_static_labels(ATTEMPTS, &self.labels),
+                Key::from_static_labels(RETRIES, &self.labels),
+            ]
+        })
+    }
+}
+
+/// The metrics view of one event of a job whose keys are made.
+#[inline]
+pub(crate) fn record_keyed(event: &Event<'_>, job: &'static JobKeys) {
+    match *event {
+        Event::Attempt { .. } => increment_key(&job.keys()[0]),
+        Event::Retry { .. } => increment_key(&job.keys()[1]),
+        _ => record(event),
+    }
+}
+
+#[inline]
+fn increment_key(key: &Key) {
+    ::metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+}
 
 /// The metrics view of one event.
 pub(crate) fn record(event: &Event<'_>) {

@@ -27,13 +27,14 @@
 
 use crate::BreakerState;
 use crate::observe::Event;
-use ::tracing::instrument::{Instrument, Instrumented};
+use ::tracing::span::Entered;
 use ::tracing::{Level, Span, debug, info, warn};
 
 /// The name of the span of one job call.
 pub const SPAN: &str = "job";
 
-/// The span of one job call, made the first time it is needed.
+/// The span of one job call, made the first time it is needed. When no subscriber wants it, that
+/// is remembered, and the rest of the call neither enters nor records it.
 #[derive(Default)]
 pub(crate) struct JobSpan {
     span: Option<Span>,
@@ -44,9 +45,10 @@ impl JobSpan {
         JobSpan { span: None }
     }
 
-    /// The span, made on first use with the job's name and key.
-    pub(crate) fn get(&mut self, job: &str, key: Option<&str>) -> &Span {
-        self.span.get_or_insert_with(|| {
+    /// The span, made on first use with the job's name and key; `None` when it is disabled.
+    #[inline]
+    pub(crate) fn get(&mut self, job: &str, key: Option<&str>) -> Option<&Span> {
+        let span = self.span.get_or_insert_with(|| {
             ::tracing::span!(
                 target: "jobguard",
                 Level::INFO,
@@ -55,19 +57,28 @@ impl JobSpan {
                 key,
                 attempt = ::tracing::field::Empty,
             )
-        })
+        });
+        (!span.is_disabled()).then_some(&*span)
     }
-}
 
-impl JobSpan {
-    /// `future`, run inside the span.
-    pub(crate) fn instrument<F>(
-        &mut self,
-        job: &str,
-        key: Option<&str>,
-        future: F,
-    ) -> Instrumented<F> {
-        future.instrument(self.get(job, key).clone())
+    /// Enters the span, unless no subscriber wants it.
+    #[inline]
+    pub(crate) fn enter(&mut self, job: &str, key: Option<&str>) -> Option<Entered<'_>> {
+        self.get(job, key).map(Span::enter)
+    }
+
+    /// Records the attempt now starting on the span.
+    #[inline]
+    pub(crate) fn record_attempt(&mut self, job: &str, key: Option<&str>, attempt: u32) {
+        if let Some(span) = self.get(job, key) {
+            span.record("attempt", attempt);
+        }
+    }
+
+    /// A handle on the span for a future to run in, unless no subscriber wants it.
+    #[inline]
+    pub(crate) fn handle(&mut self, job: &str, key: Option<&str>) -> Option<Span> {
+        self.get(job, key).cloned()
     }
 }
 
@@ -80,9 +91,8 @@ pub(crate) fn has_subscriber() -> bool {
 /// The tracing view of one event, raised in the job's span when there is one.
 pub(crate) fn record(event: &Event<'_>) {
     match *event {
-        Event::Attempt { attempt, .. } => {
-            Span::current().record("attempt", attempt);
-        }
+        // Recorded on the job's span by the loop itself.
+        Event::Attempt { .. } => {}
         Event::Retry {
             attempt,
             delay,
