@@ -4,6 +4,7 @@
 //! cargo run --example server                 # listens on 127.0.0.1:3000
 //! curl -X POST 'http://127.0.0.1:3000/charge/order-A?key=idem-1'
 //! curl http://127.0.0.1:3000/state
+//! curl http://127.0.0.1:3000/metrics         # jobguard_attempts_total, jobguard_dead_lettered_total, ...
 //! ```
 
 use jobguard::{MemoryDeadLetters, MemoryStore};

@@ -2,10 +2,18 @@
 //!
 //! `examples/charge.rs` runs it and prints the state document; `examples/server.rs` serves it
 //! over HTTP; `tests/charge_scenario.rs` checks the document under a paused clock.
+//!
+//! Each [`Service`] owns a Prometheus recorder that records jobguard's metrics for the jobs its
+//! worker runs ([`Service::metrics`], `GET /metrics`). The recorder is not installed globally:
+//! it is the worker's local recorder while it polls a job, so several services in one process
+//! (the tests) each count only their own jobs. A production service would install one recorder
+//! for the process with `metrics::set_global_recorder` instead.
 
 use jobguard::{Event, Runtime, Store, StoreKey, Transient};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -139,6 +147,7 @@ pub struct Service {
     keys: Arc<Mutex<Vec<String>>>,
     queue: mpsc::UnboundedSender<Job>,
     idle: Arc<tokio::sync::watch::Sender<usize>>,
+    metrics: PrometheusHandle,
 }
 
 impl Service {
@@ -185,6 +194,8 @@ impl Service {
             .build();
         let (queue, mut jobs) = mpsc::unbounded_channel::<Job>();
         let (idle, _) = tokio::sync::watch::channel(0usize);
+        let recorder = PrometheusBuilder::new().build_recorder();
+        metrics::with_local_recorder(&recorder, jobguard::observe::metrics::describe);
         let service = Service {
             gateway,
             runtime,
@@ -192,6 +203,7 @@ impl Service {
             keys: Arc::default(),
             queue,
             idle: Arc::new(idle),
+            metrics: recorder.handle(),
         };
         let worker = service.clone();
         tokio::spawn(async move {
@@ -201,10 +213,8 @@ impl Service {
                     .unwrap()
                     .insert(job.key.clone(), job.order_id.clone());
                 // A job's failure ends as a dead letter; nothing escapes into the service.
-                let _ = worker
-                    .runtime
-                    .scope(charge(&worker.gateway, &job.order_id, 100, &job.key))
-                    .await;
+                let charging = charge(&worker.gateway, &job.order_id, 100, &job.key);
+                let _ = recorded(&recorder, worker.runtime.scope(charging)).await;
                 worker.idle.send_modify(|done| *done += 1);
             }
         });
@@ -231,6 +241,11 @@ impl Service {
         let _ = rx.wait_for(|done| *done >= n).await;
     }
 
+    /// jobguard's metrics for this service's jobs, in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
     /// The state document, with the idempotency store read back from the store itself.
     pub async fn state(&self) -> State {
         let mut state = self.gateway.state.lock().unwrap().clone();
@@ -242,6 +257,14 @@ impl Service {
         }
         state
     }
+}
+
+/// Runs `fut` with `recorder` as the local recorder of whichever thread polls it, so the
+/// metrics its events record land in `recorder` on a multi-threaded runtime too.
+async fn recorded<F: Future>(recorder: &PrometheusRecorder, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| metrics::with_local_recorder(recorder, || fut.as_mut().poll(cx)))
+        .await
 }
 
 /// The stored receipt for `key`, read without disturbing it: a claim of a completed key returns
@@ -292,7 +315,8 @@ pub async fn run_scenario(service: &Service) -> State {
 }
 
 /// The HTTP face of the service: `POST /charge/{order_id}?key=K` queues a charge and answers at
-/// once; `GET /state` returns the state document.
+/// once; `GET /state` returns the state document; `GET /metrics` returns jobguard's metrics in
+/// the Prometheus text format.
 pub fn router(service: Service) -> axum::Router {
     use axum::Json;
     use axum::extract::{Path, Query, State as Shared};
@@ -316,8 +340,21 @@ pub fn router(service: Service) -> axum::Router {
         Json(service.state().await)
     }
 
+    async fn metrics_route(
+        Shared(service): Shared<Service>,
+    ) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+        (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4",
+            )],
+            service.metrics(),
+        )
+    }
+
     axum::Router::new()
         .route("/charge/{order_id}", post(charge_route))
         .route("/state", get(state_route))
+        .route("/metrics", get(metrics_route))
         .with_state(service)
 }

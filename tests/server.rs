@@ -1,13 +1,20 @@
 //! The server example's service over real HTTP on a loopback port: the three requests of
-//! SCENARIO.md answer `queued` at once, and `GET /state` then shows the scenario's document.
+//! SCENARIO.md answer `queued` at once, `GET /state` then shows the scenario's document, and
+//! `GET /metrics` the attempts and dead-letter counters in the Prometheus text format.
 
+use jobguard::observe::metrics as names;
 use jobguard::{MemoryDeadLetters, MemoryStore};
 use jobguard_workspace::scenario::{Service, router};
+use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// One HTTP/1.1 request; returns the status code and the body.
-async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, serde_json::Value) {
+/// The job label of the scenario's charge job: its module path and name.
+const JOB: &str = "jobguard_workspace::scenario::charge";
+
+/// One HTTP/1.1 request; returns the status code, the head (status line and headers) and the
+/// body.
+async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String, String) {
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -18,16 +25,27 @@ async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, ser
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap())
+    (status, head.to_owned(), body.to_owned())
 }
 
-#[tokio::test(start_paused = true)]
-async fn queued_at_once_then_the_state_document() {
+/// One HTTP/1.1 request with a JSON answer; returns the status code and the body.
+async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, serde_json::Value) {
+    let (status, _, body) = request(addr, method, path).await;
+    (status, serde_json::from_str(&body).unwrap())
+}
+
+/// Starts a service and its server on a free loopback port.
+async fn serve() -> (Service, std::net::SocketAddr) {
     let service = Service::start(MemoryStore::new(), MemoryDeadLetters::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(axum::serve(listener, router(service.clone())).into_future());
+    (service, addr)
+}
 
+/// Sends the scenario's three requests, each answered `queued` at once, and waits until the
+/// three jobs have finished.
+async fn run_scenario(service: &Service, addr: std::net::SocketAddr) {
     for (order, key) in [
         ("order-A", "idem-1"),
         ("order-A", "idem-1"),
@@ -41,6 +59,12 @@ async fn queued_at_once_then_the_state_document() {
         );
     }
     service.finished(3).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn queued_at_once_then_the_state_document() {
+    let (service, addr) = serve().await;
+    run_scenario(&service, addr).await;
     let (status, state) = http(addr, "GET", "/state").await;
     assert_eq!(status, 200);
     assert_eq!(state["charges"], serde_json::json!(["order-A"]));
@@ -57,4 +81,78 @@ async fn queued_at_once_then_the_state_document() {
         serde_json::json!(["order-B key=idem-2 gave up: gateway timeout on order-B (attempt 5)"])
     );
     assert_eq!(state["attempts"].as_array().unwrap().len(), 9);
+}
+
+/// `# TYPE` lines by name, failing on a name typed twice.
+fn types(rendered: &str) -> BTreeMap<&str, &str> {
+    let mut types = BTreeMap::new();
+    for line in rendered.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(
+                types.insert(name, kind).is_none(),
+                "{name} typed twice:\n{rendered}"
+            );
+        }
+    }
+    types
+}
+
+/// The sample lines, `name{labels}` to value.
+fn samples(rendered: &str) -> BTreeMap<&str, &str> {
+    rendered
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').unwrap())
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_show_the_attempts_and_the_dead_letter() {
+    let (service, addr) = serve().await;
+    let (status, _, before) = request(addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(samples(&before).is_empty(), "no job has run yet:\n{before}");
+
+    run_scenario(&service, addr).await;
+    let (status, head, rendered) = request(addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        head.lines()
+            .any(|h| h.eq_ignore_ascii_case("content-type: text/plain; version=0.0.4")),
+        "{head}"
+    );
+    assert!(!rendered.contains("_total_total"), "{rendered}");
+    assert_eq!(
+        types(&rendered),
+        BTreeMap::from([
+            (names::ATTEMPTS, "counter"),
+            (names::RETRIES, "counter"),
+            (names::DEAD_LETTERED, "counter"),
+            (names::REPLAYS, "counter"),
+        ]),
+        "{rendered}"
+    );
+    for name in [names::ATTEMPTS, names::DEAD_LETTERED] {
+        let help = format!("# HELP {name} ");
+        assert_eq!(rendered.matches(&help).count(), 1, "{rendered}");
+    }
+    // order-A: 3 attempts, 2 retries, then a replay; order-B: 5 attempts, 4 retries, exhausted.
+    let attempts = format!(r#"{}{{job="{JOB}"}}"#, names::ATTEMPTS);
+    let retries = format!(r#"{}{{job="{JOB}"}}"#, names::RETRIES);
+    let dead = format!(
+        r#"{}{{job="{JOB}",reason="exhausted"}}"#,
+        names::DEAD_LETTERED
+    );
+    let replays = format!(r#"{}{{job="payments.charge"}}"#, names::REPLAYS);
+    assert_eq!(
+        samples(&rendered),
+        BTreeMap::from([
+            (attempts.as_str(), "8"),
+            (retries.as_str(), "6"),
+            (dead.as_str(), "1"),
+            (replays.as_str(), "1"),
+        ]),
+        "{rendered}"
+    );
 }
