@@ -1,9 +1,10 @@
-//! The compile-time suite: every misuse of `#[retry]` and `#[derive(Transient)]` is an error in
-//! words on the span that is wrong (`tests/ui/fail`, each with the `.stderr` it must print), and
-//! every supported shape of function compiles and runs (`tests/ui/pass`).
+//! The compile-time suite: every misuse of `#[retry]`, `#[idempotent]` (the `idempotent_*`
+//! cases, alone and beside `#[retry]`) and `#[derive(Transient)]` is an error in words on the
+//! span that is wrong (`tests/ui/fail`, each with the `.stderr` it must print), and every
+//! supported shape of function and of `key` compiles and runs (`tests/ui/pass`).
 //!
-//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --test ui`, then read the
-//! diff: each must show jobguard's own message on the user's tokens.
+//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --all-features --test ui`,
+//! then read the diff: each must show jobguard's own message on the user's tokens.
 
 #[test]
 fn ui() {

@@ -482,25 +482,50 @@ pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> Idempotent
 }
 
 fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
+    const EXAMPLE: &str = "such as `scope = \"payments.charge\"`";
     match expr {
         Expr::Lit(ExprLit {
             lit: Lit::Str(s), ..
         }) => {
             let v = s.value();
-            if v.is_empty()
-                || v.contains(':')
-                || v.chars().any(|c| c.is_whitespace() || c.is_control())
-            {
-                errors.at(s.span(), "`scope` must be non-empty, without `:`, spaces or control characters, such as `scope = \"payments.charge\"`");
-                None
+            let problem = if v.is_empty() {
+                Some("is empty".to_owned())
+            } else if v.contains(':') {
+                Some("contains `:`, which the store puts between the scope and the key".to_owned())
+            } else if v.chars().any(char::is_whitespace) {
+                Some("contains a space".to_owned())
+            } else if v.chars().any(char::is_control) {
+                Some("contains a control character".to_owned())
             } else {
-                Some(s)
-            }
+                None
+            };
+            let Some(problem) = problem else {
+                return Some(s);
+            };
+            // The same words, joined by `.` (`payments::charge` → `payments.charge`).
+            let fixed = v
+                .split(|c: char| c == ':' || c.is_whitespace() || c.is_control())
+                .filter(|part| !part.is_empty())
+                .collect::<Vec<_>>()
+                .join(".");
+            let fix = if fixed.is_empty() {
+                format!("name the job, {EXAMPLE}, or leave `scope` out to use the function's path")
+            } else {
+                format!("write `scope = \"{fixed}\"`")
+            };
+            errors.at(
+                s.span(),
+                format!(
+                    "`scope = {}` {problem}; {fix}",
+                    quote::ToTokens::to_token_stream(&s)
+                ),
+            );
+            None
         }
         other => {
             errors.at(
                 other.span(),
-                "`scope` takes a string literal, such as `scope = \"payments.charge\"`",
+                format!("`scope` takes a string literal, {EXAMPLE}"),
             );
             None
         }
@@ -508,16 +533,58 @@ fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
 }
 
 fn in_progress(expr: Expr, errors: &mut Errors) -> Option<InProgress> {
-    const HELP: &str = "`in_progress` is `fail` or `wait(\"10s\")`";
+    const HELP: &str = "`in_progress` says what a call does while another worker holds the key: \
+                        `fail` (return `jobguard::Error::InProgress` at once; the default) or \
+                        `wait(\"10s\")` (wait up to that long for the other run's result)";
     match expr {
         Expr::Path(p) if p.path.is_ident("fail") => Some(InProgress::Fail),
+        Expr::Path(p) if p.path.is_ident("wait") => {
+            errors.at(
+                p.span(),
+                format!("`wait` needs a limit: `in_progress = wait(\"10s\")`\n{HELP}"),
+            );
+            None
+        }
         Expr::Call(call) if matches!(&*call.func, Expr::Path(p) if p.path.is_ident("wait")) => {
             if call.args.len() != 1 {
-                errors.at(call.span(), format!("`wait` takes one duration; {HELP}"));
+                errors.at(
+                    call.span(),
+                    format!("`wait` takes one duration, such as `wait(\"10s\")`\n{HELP}"),
+                );
                 return None;
             }
             let arg = call.args.into_iter().next().expect("one argument");
             DurationArg::parse("wait", arg, errors).map(InProgress::Wait)
+        }
+        Expr::Path(p) if p.path.get_ident().is_some() => {
+            let id = p.path.get_ident().expect("checked");
+            let hint = nearest(&id.to_string(), &["fail", "wait"])
+                .map(|n| format!("; did you mean `{n}`?"))
+                .unwrap_or_default();
+            errors.at(
+                id.span(),
+                format!("unknown `in_progress = {id}`{hint}\n{HELP}"),
+            );
+            None
+        }
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            let v = s.value();
+            let fix = if v == "fail" {
+                "write `in_progress = fail`, without quotes".to_owned()
+            } else if v == "wait" {
+                "write `in_progress = wait(\"10s\")`, without quotes around `wait`".to_owned()
+            } else if duration::parse(&v).is_ok() {
+                format!("to wait, write `in_progress = wait(\"{v}\")`")
+            } else {
+                "write `fail` or `wait(\"10s\")`, without quotes around the name".to_owned()
+            };
+            errors.at(
+                s.span(),
+                format!("`in_progress` takes a name, not a string: {fix}\n{HELP}"),
+            );
+            None
         }
         other => {
             errors.at(other.span(), HELP);

@@ -8,6 +8,15 @@ use syn::{Expr, FnArg, ItemFn, Pat, ReturnType, Type};
 /// What the function must be for `#[name]`: `async`, returning `Result`.
 pub(crate) fn function(func: &ItemFn, name: &str, errors: &mut Errors) {
     let sig = &func.sig;
+    // Why `Result`, in the terms of the attribute that asks.
+    let (why, add) = if name == "idempotent" {
+        (
+            "the `Ok` value is stored for replay, and an `Err` lets a redelivery run the job again",
+            "add `-> Result<(), YourError>`: ",
+        )
+    } else {
+        ("an attempt fails by returning `Err`", "")
+    };
     if sig.asyncness.is_none() {
         errors.at(
             sig.fn_token.span,
@@ -18,6 +27,13 @@ pub(crate) fn function(func: &ItemFn, name: &str, errors: &mut Errors) {
         );
     }
     match &sig.output {
+        ReturnType::Default if name == "idempotent" => errors.at(
+            sig.ident.span(),
+            format!(
+                "`#[{name}]` needs `{}` to return `Result<T, E>`, and it returns `()`; {add}{why}",
+                sig.ident
+            ),
+        ),
         ReturnType::Default => errors.at(
             sig.ident.span(),
             format!(
@@ -29,7 +45,7 @@ pub(crate) fn function(func: &ItemFn, name: &str, errors: &mut Errors) {
         ReturnType::Type(_, ty) if !is_result(ty) => errors.at(
             ty.span(),
             format!(
-                "`#[{name}]` needs `{}` to return `Result<T, E>`, not `{}`: an attempt fails by returning `Err`",
+                "`#[{name}]` needs `{}` to return `Result<T, E>`, not `{}`: {why}",
                 sig.ident,
                 shown(ty)
             ),
@@ -114,7 +130,8 @@ pub(crate) fn retry(args: &RetryArgs, errors: &mut Errors) {
     }
 }
 
-/// `key` is required; a bare identifier must name a parameter.
+/// `key` is required, and the variable it starts from (`order_id`, `order.id`, `self.id`) must
+/// be a parameter; `ttl` and `lease`, when literals, are not zero.
 pub(crate) fn idempotent(
     func: &ItemFn,
     args: &IdempotentArgs,
@@ -139,21 +156,77 @@ pub(crate) fn idempotent(
     match &args.key {
         None => errors.at(
             attr_span,
-            format!("`#[idempotent]` needs a `key`: an expression over the parameters, such as `key = order_id`; {}", listed()),
+            format!(
+                "`#[idempotent]` needs a `key`: an expression over the parameters, such as `key = order_id`; {}",
+                listed()
+            ),
         ),
-        Some(Expr::Path(p)) if p.qself.is_none() => {
-            if let Some(id) = p.path.get_ident() {
+        Some(key) => {
+            if let Some(id) = key_root(key) {
                 let name = id.to_string();
-                let is_const = name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
-                if !is_const && !params.contains(&name) {
-                    let near = crate::args::nearest(&name, &params.iter().map(String::as_str).collect::<Vec<_>>())
-                        .map(|n| format!("; did you mean `{n}`?"))
-                        .unwrap_or_default();
-                    errors.at(id.span(), format!("`key = {name}`: `{name}` is not a parameter of `{}`{near}\n{}", func.sig.ident, listed()));
+                // `CONFIG.prefix`, `Tenant`: a constant, a static or a unit value, not a variable.
+                let constant = name.starts_with(|c: char| c.is_ascii_uppercase());
+                if !constant && !params.contains(&name) {
+                    let near = crate::args::nearest(
+                        &name,
+                        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+                    )
+                    .map(|n| format!("; did you mean `{n}`?"))
+                    .unwrap_or_default();
+                    let what = if matches!(key, Expr::Path(_)) {
+                        format!("`key = {name}`: `{name}`")
+                    } else {
+                        format!("`key` starts from `{name}`, which")
+                    };
+                    errors.at(
+                        id.span(),
+                        format!(
+                            "{what} is not a parameter of `{}`{near}\n{}",
+                            func.sig.ident,
+                            listed()
+                        ),
+                    );
                 }
             }
         }
-        Some(_) => {}
+    }
+
+    let zero = |arg: &Option<crate::args::DurationArg>| {
+        arg.as_ref()
+            .filter(|d| d.literal().is_some_and(|d| d.is_zero()))
+            .map(|d| d.span())
+    };
+    if let Some(span) = zero(&args.ttl) {
+        errors.at(
+            span,
+            "`ttl` is zero, so no result would be kept and every redelivery would run the job again; \
+             `ttl` is how long a completed result is replayed, such as `ttl = \"24h\"` (the default)",
+        );
+    }
+    if let Some(span) = zero(&args.lease) {
+        errors.at(
+            span,
+            "`lease` is zero, so a claim would lapse at once and a second worker could run the job \
+             beside the first; `lease` is how long a crashed worker can hold the key, such as \
+             `lease = \"30s\"` (the default)",
+        );
+    }
+}
+
+/// The variable a key expression reads from: `order_id`, `order` in `order.id` or
+/// `&order.ids[0]`, `self` in `self.id()`. `None` for anything else (`format!(...)`, a call),
+/// which the compiler checks on the user's tokens.
+fn key_root(expr: &Expr) -> Option<&syn::Ident> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        Expr::Field(f) => key_root(&f.base),
+        Expr::MethodCall(m) => key_root(&m.receiver),
+        Expr::Index(i) => key_root(&i.expr),
+        Expr::Reference(r) => key_root(&r.expr),
+        Expr::Unary(u) => key_root(&u.expr),
+        Expr::Paren(p) => key_root(&p.expr),
+        Expr::Group(g) => key_root(&g.expr),
+        _ => None,
     }
 }
 
@@ -183,7 +256,19 @@ fn collect_pat(pat: &Pat, names: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::shown;
+    use super::{key_root, shown};
+
+    #[test]
+    fn keys_are_read_from_their_first_variable() {
+        let root = |s: &str| key_root(&syn::parse_str(s).unwrap()).map(|i| i.to_string());
+        assert_eq!(root("order_id").as_deref(), Some("order_id"));
+        assert_eq!(root("order.id").as_deref(), Some("order"));
+        assert_eq!(root("&self.orders[0].id()").as_deref(), Some("self"));
+        assert_eq!(root("(*order).id").as_deref(), Some("order"));
+        assert_eq!(root(r#"format!("{tenant}:{id}")"#), None);
+        assert_eq!(root("make_key(order_id)"), None);
+        assert_eq!(root("crate::KEY"), None);
+    }
 
     #[test]
     fn types_are_shown_as_written() {

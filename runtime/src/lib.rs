@@ -134,6 +134,9 @@ pub use jobguard_macros::retry;
 /// # }
 /// ```
 ///
+/// `key` is any expression over the parameters (`order_id`, `order.id`,
+/// `format!("{tenant}:{id}")`, `self.id`); its `Display` form is the stored key.
+///
 /// Arguments: `key` (required), `scope`, `ttl`, `lease`, `fingerprint`, `store`,
 /// `in_progress = fail | wait("10s")`, `crate`. Written with `#[retry]`, in either order, the key
 /// is checked once and the retry loop runs inside the claim.
@@ -212,9 +215,19 @@ pub mod __private {
 
     /// The stored form of an idempotency key: its `Display`.
     #[inline]
-    pub fn key<K: core::fmt::Display + ?Sized>(key: &K) -> String {
+    pub fn key<K: Key + ?Sized>(key: &K) -> String {
         key.to_string()
     }
+
+    /// Names the bound that `#[idempotent(key = ...)]` needs of the key, in words.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be an idempotency key",
+        label = "`key` is stored in its `Display` form, and `{Self}` does not implement `Display`",
+        note = "key by a field or a string built from the parameters (`key = order.id`, `key = format!(\"{{tenant}}:{{id}}\")`), or implement `std::fmt::Display` for `{Self}`"
+    )]
+    pub trait Key: core::fmt::Display {}
+    #[diagnostic::do_not_recommend]
+    impl<K: core::fmt::Display + ?Sized> Key for K {}
 
     /// `fingerprint = EXPR`: a SHA-256 digest of the value's JSON form, stable across processes
     /// and builds.
@@ -233,6 +246,9 @@ pub mod __private {
         note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
     )]
     pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
+    // `do_not_recommend`: a missing serde derive is one error in the words above, not one per
+    // serde trait in rustc's.
+    #[diagnostic::do_not_recommend]
     impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
     /// Names the bound that `timeout`, `budget` and `breaker` need, in words.
