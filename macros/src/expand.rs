@@ -292,7 +292,9 @@ fn retry_loop(
     let literal = [&r.base, &r.cap, &r.budget, &r.timeout]
         .iter()
         .all(|d| d.as_ref().is_none_or(|d| d.literal().is_some()))
-        && r.attempts.as_ref().is_none_or(|a| matches!(a, syn::Expr::Lit(_)));
+        && r.attempts
+            .as_ref()
+            .is_none_or(|a| matches!(a, syn::Expr::Lit(_)));
     let (policy, policy_name) = if literal {
         let name = quote!(__JOBGUARD_POLICY);
         (quote!(const #name: #krate::Policy = #policy;), name)
@@ -310,6 +312,18 @@ fn retry_loop(
     if let Some(d) = &r.dead_letter {
         state.extend(quote!(.dead_letter(&#d)));
     }
+    // The arguments are borrowed, never moved: the body still owns them.
+    let payload = r.payload.as_ref().map(|p| {
+        let borrowed = match p {
+            syn::Expr::Tuple(t) => {
+                let elems = t.elems.iter();
+                quote_spanned!(p.span()=> (#(&#elems,)*))
+            }
+            other => quote_spanned!(p.span()=> &#other),
+        };
+        state.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
+        quote!(let __jobguard_payload = #borrowed;)
+    });
     let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
     let method = Ident::new(
         if guarded {
@@ -331,11 +345,11 @@ fn retry_loop(
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
+        #payload
         let mut __jobguard_retry = #state;
         loop {
-            let __jobguard_attempt = __jobguard_retry.#method(#body).await;
             if let ::core::ops::ControlFlow::Break(__jobguard_done) =
-                __jobguard_retry.settle(__jobguard_attempt, #classify).await
+                __jobguard_retry.#method(#body, #classify).await
             {
                 break __jobguard_done;
             }
