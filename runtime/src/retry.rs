@@ -252,18 +252,22 @@ impl<'a> Retry<'a> {
 
     /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
     /// not polled when the breaker refuses it.
-    pub async fn attempt_guarded<T, E, F, V>(
+    pub fn attempt_guarded<T, E, F, V>(
         &mut self,
         attempt: F,
         classify: impl FnOnce(&E) -> V,
-    ) -> ControlFlow<Result<T, E>>
+    ) -> impl Future<Output = ControlFlow<Result<T, E>>>
     where
         F: Future<Output = Result<T, E>>,
         E: crate::__private::FromJobguard + Display,
         V: Into<Verdict>,
     {
-        let attempted = self.guarded(attempt).await;
-        self.settle(attempted, classify).await
+        // Not an `async fn`: a missing `From<jobguard::Error>` is then one error at the call, in
+        // the words of `FromJobguard`, not a second one at the `.await`.
+        async move {
+            let attempted = self.guarded(attempt).await;
+            self.settle(attempted, classify).await
+        }
     }
 
     async fn guarded<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>

@@ -11,10 +11,11 @@
 
 async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
     let __jobguard_key = ::jobguard::__private::key(&(order_id));
-    ::jobguard::__private::Idempotent::new(
-            ::core::concat!(::core::module_path!(), "::charge"),
-            &__jobguard_key,
-        )
+    let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
+        ::core::concat!(::core::module_path!(), "::charge"),
+        &__jobguard_key,
+    );
+    __jobguard_idempotent
         .run(async {
             static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
                 ::core::concat!(::core::module_path!(), "::charge"),
