@@ -252,6 +252,7 @@ impl<'a> Retry<'a> {
 
     /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
     /// not polled when the breaker refuses it.
+    #[allow(clippy::manual_async_fn)] // the bound is on the call, not on an `async fn`'s future
     pub fn attempt_guarded<T, E, F, V>(
         &mut self,
         attempt: F,
