@@ -131,12 +131,16 @@ impl<'a> Retry<'a> {
         self
     }
 
+    /// Whether anything could see an event: an observer somewhere in the process, or the
+    /// `metrics` or `tracing` integration. Without any, the success path builds no event.
+    #[inline(always)]
+    fn observing() -> bool {
+        cfg!(any(feature = "metrics", feature = "tracing")) || crate::observe::observed()
+    }
+
     /// Raises `event` on the runtime, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
-        if !crate::observe::observed() && !cfg!(any(feature = "metrics", feature = "tracing")) {
-            return;
-        }
         let runtime = match crate::observe::observed() {
             true => Some(&**self.runtime.get_or_insert_with(Current::get)),
             false => None,
@@ -177,11 +181,13 @@ impl<'a> Retry<'a> {
         self.stamped = false;
         #[cfg(feature = "tracing")]
         self.span.record_attempt(self.job, self.key, self.attempt);
-        self.emit(&Event::Attempt {
-            job: self.job,
-            key: self.key,
-            attempt: self.attempt,
-        });
+        if Self::observing() {
+            self.emit(&Event::Attempt {
+                job: self.job,
+                key: self.key,
+                attempt: self.attempt,
+            });
+        }
     }
 
     /// Takes the current attempt's wall-clock start, once.
@@ -365,11 +371,13 @@ impl<'a> Retry<'a> {
         if let Some(permit) = self.permit.take() {
             permit.success();
         }
-        self.emit(&Event::Succeeded {
-            job: self.job,
-            key: self.key,
-            attempts: self.attempt,
-        });
+        if Self::observing() {
+            self.emit(&Event::Succeeded {
+                job: self.job,
+                key: self.key,
+                attempts: self.attempt,
+            });
+        }
     }
 
     /// What follows a failed attempt: a give-up, or the wait before the next attempt.
