@@ -138,6 +138,71 @@ pub enum Event<'a> {
     },
 }
 
+/// Every field as it is, the error of a [`Event::Retry`] in its `Display` form.
+impl fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Event::Attempt { job, key, attempt } => f
+                .debug_struct("Attempt")
+                .field("job", &job)
+                .field("key", &key)
+                .field("attempt", &attempt)
+                .finish(),
+            Event::Retry {
+                job,
+                key,
+                attempt,
+                delay,
+                verdict,
+                error,
+            } => f
+                .debug_struct("Retry")
+                .field("job", &job)
+                .field("key", &key)
+                .field("attempt", &attempt)
+                .field("delay", &delay)
+                .field("verdict", &verdict)
+                .field("error", &format_args!("{error}"))
+                .finish(),
+            Event::Succeeded { job, key, attempts } => f
+                .debug_struct("Succeeded")
+                .field("job", &job)
+                .field("key", &key)
+                .field("attempts", &attempts)
+                .finish(),
+            Event::DeadLetter(letter) => f.debug_tuple("DeadLetter").field(letter).finish(),
+            Event::Claimed { scope, key } => scoped(f, "Claimed", scope, key),
+            Event::Replayed { scope, key } => scoped(f, "Replayed", scope, key),
+            Event::InProgress {
+                scope,
+                key,
+                retry_in,
+            } => f
+                .debug_struct("InProgress")
+                .field("scope", &scope)
+                .field("key", &key)
+                .field("retry_in", &retry_in)
+                .finish(),
+            Event::Released { scope, key } => scoped(f, "Released", scope, key),
+            Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key),
+            Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key),
+            Event::Breaker { breaker, from, to } => f
+                .debug_struct("Breaker")
+                .field("breaker", &breaker)
+                .field("from", &from)
+                .field("to", &to)
+                .finish(),
+        }
+    }
+}
+
+fn scoped(f: &mut fmt::Formatter<'_>, name: &str, scope: &str, key: &str) -> fmt::Result {
+    f.debug_struct(name)
+        .field("scope", &scope)
+        .field("key", &key)
+        .finish()
+}
+
 /// A hook the runtime calls for every [`Event`]. Closures `Fn(&Event)` are observers.
 ///
 /// ```
@@ -206,4 +271,35 @@ pub(crate) fn log_error(args: fmt::Arguments<'_>) {
         return;
     }
     eprintln!("{args}");
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn events_debug_with_the_error_in_words() {
+        let error = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let event = Event::Retry {
+            job: "payments::charge",
+            key: Some("idem-1"),
+            attempt: 2,
+            delay: Duration::from_millis(500),
+            verdict: Verdict::Retry,
+            error: &error,
+        };
+        assert_eq!(
+            format!("{event:?}"),
+            "Retry { job: \"payments::charge\", key: Some(\"idem-1\"), attempt: 2, \
+             delay: 500ms, verdict: Retry, error: timed out }"
+        );
+        let claimed = Event::Claimed {
+            scope: "payments.charge",
+            key: "idem-1",
+        };
+        assert_eq!(
+            format!("{claimed:?}"),
+            "Claimed { scope: \"payments.charge\", key: \"idem-1\" }"
+        );
+    }
 }
