@@ -13,6 +13,7 @@ use core::ops::ControlFlow;
 use rand::rngs::SmallRng;
 use std::fmt::Display;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -29,7 +30,7 @@ pub struct Retry<'a> {
     sink: Option<&'a dyn DeadLetterSink>,
     /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
     /// in a process where no runtime has an observer never looks it up.
-    runtime: Option<Current>,
+    runtime: ManuallyDrop<Option<Current>>,
     attempt: u32,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
     started: Option<Instant>,
@@ -38,12 +39,29 @@ pub struct Retry<'a> {
     last_wall: Option<SystemTime>,
     /// Whether the current attempt's wall-clock start has been taken.
     stamped: bool,
-    permit: Option<Permit<'a>>,
+    permit: ManuallyDrop<Option<Permit<'a>>>,
     payload: Option<&'a dyn Payload>,
     /// What only a failure needs, allocated at the first one.
-    failures: Option<Box<Failures>>,
+    failures: ManuallyDrop<Option<Box<Failures>>>,
+    /// Whether `runtime`, `permit` or `failures` may hold something to drop: a call that
+    /// succeeds at once without a breaker or an observer drops nothing, and checks only this.
+    held: bool,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
+}
+
+impl Drop for Retry<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if self.held {
+            // SAFETY: each is dropped once, here, and never used after.
+            unsafe {
+                ManuallyDrop::drop(&mut self.permit);
+                ManuallyDrop::drop(&mut self.failures);
+                ManuallyDrop::drop(&mut self.runtime);
+            }
+        }
+    }
 }
 
 /// The state only a failing call needs.
@@ -85,15 +103,16 @@ impl<'a> Retry<'a> {
             policy,
             breaker: None,
             sink: None,
-            runtime: None,
+            runtime: ManuallyDrop::new(None),
             attempt: 0,
             started: None,
             first_wall: None,
             last_wall: None,
             stamped: false,
-            permit: None,
+            permit: ManuallyDrop::new(None),
             payload: None,
-            failures: None,
+            failures: ManuallyDrop::new(None),
+            held: false,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
         }
@@ -142,7 +161,10 @@ impl<'a> Retry<'a> {
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
         let runtime = match crate::observe::observed() {
-            true => Some(&**self.runtime.get_or_insert_with(Current::get)),
+            true => {
+                self.held = true;
+                Some(&**self.runtime.get_or_insert_with(Current::get))
+            }
             false => None,
         };
         #[cfg(feature = "tracing")]
@@ -155,6 +177,7 @@ impl<'a> Retry<'a> {
 
     /// The runtime in scope.
     fn runtime(&mut self) -> &Runtime {
+        self.held = true;
         self.runtime.get_or_insert_with(Current::get)
     }
 
@@ -162,6 +185,7 @@ impl<'a> Retry<'a> {
     #[cold]
     fn failures(&mut self) -> &mut Failures {
         let base = self.policy.base;
+        self.held = true;
         self.failures.get_or_insert_with(|| {
             Box::new(Failures {
                 previous_delay: base,
@@ -284,7 +308,10 @@ impl<'a> Retry<'a> {
     {
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
-                Ok(permit) => self.permit = Some(permit),
+                Ok(permit) => {
+                    self.held = true;
+                    *self.permit = Some(permit);
+                }
                 Err(retry_in) => {
                     // Refused: no attempt is made or counted.
                     return Attempted {
@@ -444,6 +471,7 @@ impl<'a> Retry<'a> {
         if !p.jitter.is_random() {
             return curve;
         }
+        self.held = true;
         let runtime = self.runtime.get_or_insert_with(Current::get);
         let base = p.base;
         let failures = self.failures.get_or_insert_with(|| {
