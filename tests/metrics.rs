@@ -5,6 +5,7 @@
 
 use jobguard::observe::metrics as names;
 use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
+use jobguard_workspace::prometheus::{samples, types};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -97,30 +98,6 @@ async fn scenario(recorder: &PrometheusRecorder) {
         })
         .await;
     assert_eq!(letters.dropped(), 1);
-}
-
-/// `# TYPE` lines by name, failing on a name typed twice.
-fn types(rendered: &str) -> BTreeMap<&str, &str> {
-    let mut types = BTreeMap::new();
-    for line in rendered.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(
-                types.insert(name, kind).is_none(),
-                "{name} typed twice:\n{rendered}"
-            );
-        }
-    }
-    types
-}
-
-/// The sample lines, `name{labels}` to value.
-fn samples(rendered: &str) -> BTreeMap<&str, &str> {
-    rendered
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.rsplit_once(' ').unwrap())
-        .collect()
 }
 
 fn expected_types() -> BTreeMap<&'static str, &'static str> {

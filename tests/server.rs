@@ -4,6 +4,7 @@
 
 use jobguard::observe::metrics as names;
 use jobguard::{MemoryDeadLetters, MemoryStore};
+use jobguard_workspace::prometheus::{samples, types};
 use jobguard_workspace::scenario::{Service, router};
 use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -81,30 +82,6 @@ async fn queued_at_once_then_the_state_document() {
         serde_json::json!(["order-B key=idem-2 gave up: gateway timeout on order-B (attempt 5)"])
     );
     assert_eq!(state["attempts"].as_array().unwrap().len(), 9);
-}
-
-/// `# TYPE` lines by name, failing on a name typed twice.
-fn types(rendered: &str) -> BTreeMap<&str, &str> {
-    let mut types = BTreeMap::new();
-    for line in rendered.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').unwrap();
-            assert!(
-                types.insert(name, kind).is_none(),
-                "{name} typed twice:\n{rendered}"
-            );
-        }
-    }
-    types
-}
-
-/// The sample lines, `name{labels}` to value.
-fn samples(rendered: &str) -> BTreeMap<&str, &str> {
-    rendered
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l.rsplit_once(' ').unwrap())
-        .collect()
 }
 
 #[tokio::test(start_paused = true)]
