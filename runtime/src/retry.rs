@@ -72,6 +72,17 @@ struct Failures {
     trail: Trail,
 }
 
+impl Failures {
+    #[cold]
+    fn new(base: Duration) -> Box<Self> {
+        Box::new(Failures {
+            previous_delay: base,
+            rng: None,
+            trail: Trail::new(),
+        })
+    }
+}
+
 /// Where a failed attempt's error came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
@@ -186,13 +197,7 @@ impl<'a> Retry<'a> {
     fn failures(&mut self) -> &mut Failures {
         let base = self.policy.base;
         self.held = true;
-        self.failures.get_or_insert_with(|| {
-            Box::new(Failures {
-                previous_delay: base,
-                rng: None,
-                trail: Trail::new(),
-            })
-        })
+        self.failures.get_or_insert_with(|| Failures::new(base))
     }
 
     /// The number the next attempt will have, from 1.
@@ -474,13 +479,7 @@ impl<'a> Retry<'a> {
         self.held = true;
         let runtime = self.runtime.get_or_insert_with(Current::get);
         let base = p.base;
-        let failures = self.failures.get_or_insert_with(|| {
-            Box::new(Failures {
-                previous_delay: base,
-                rng: None,
-                trail: Trail::new(),
-            })
-        });
+        let failures = self.failures.get_or_insert_with(|| Failures::new(base));
         let rng = failures.rng.get_or_insert_with(|| runtime.rng());
         p.jitter
             .apply(curve, failures.previous_delay, p.base, p.cap, rng)
