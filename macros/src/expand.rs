@@ -399,7 +399,7 @@ fn idempotent_call(
         );
     }
     if let Some(store) = &i.store {
-        call.extend(quote!(.store(&#store)));
+        call.extend(quote_spanned!(store.span()=> .store(&#store)));
     }
     let run = Ident::new("run", ret.span());
     // Each bound is reported on the tokens it is about: the key's on the key expression, the

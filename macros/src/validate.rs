@@ -203,6 +203,16 @@ pub(crate) fn idempotent(
              `ttl` is how long a completed result is replayed, such as `ttl = \"24h\"` (the default)",
         );
     }
+    if let Some(crate::args::InProgress::Wait(wait)) = &args.in_progress
+        && wait.literal().is_some_and(|d| d.is_zero())
+    {
+        errors.at(
+            wait.span(),
+            "`wait(\"0s\")` gives up at once, which is what `in_progress = fail` says; write \
+             `in_progress = fail`, or wait long enough for the other run to finish, such as \
+             `wait(\"10s\")`",
+        );
+    }
     if let Some(span) = zero(&args.lease) {
         errors.at(
             span,

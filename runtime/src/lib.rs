@@ -230,9 +230,19 @@ pub mod __private {
     #[diagnostic::do_not_recommend]
     impl<K: core::fmt::Display + ?Sized> Key for K {}
 
+    /// Names the bound that `#[idempotent(fingerprint = ...)]` needs, in words.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be fingerprinted",
+        label = "`fingerprint` is hashed from its serde JSON form, so it needs `serde::Serialize`",
+        note = "fingerprint the parameters that define the request, such as `fingerprint = (amount, currency)`, and derive `serde::Serialize` for their types"
+    )]
+    pub trait Fingerprint: serde::Serialize {}
+    #[diagnostic::do_not_recommend]
+    impl<T: serde::Serialize + ?Sized> Fingerprint for T {}
+
     /// `fingerprint = EXPR`: a SHA-256 digest of the value's JSON form, stable across processes
     /// and builds.
-    pub fn fingerprint<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    pub fn fingerprint<T: Fingerprint + ?Sized>(value: &T) -> String {
         use sha2::{Digest, Sha256};
         let bytes = serde_json::to_vec(value)
             .unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());

@@ -48,6 +48,11 @@ pub enum Claim {
 /// Implementations must make [`claim`](Store::claim) atomic (two concurrent claims of one free
 /// key: exactly one is `Acquired`), and [`complete`](Store::complete), [`release`](Store::release)
 /// and [`renew`](Store::renew) conditional on `token` still holding the claim.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idempotency store",
+    label = "`store = ...` takes a `jobguard::Store`",
+    note = "use `jobguard::MemoryStore`, `jobguard::RedisStore` (feature `redis`), or implement `jobguard::Store` for your own"
+)]
 pub trait Store: Send + Sync {
     /// Claims `key` for `lease` under `token`, unless it is claimed or completed. `fingerprint`,
     /// when given, is kept with the claim and the record; a claim with a different one finds
