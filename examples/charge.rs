@@ -4,11 +4,14 @@
 //! ```text
 //! cargo run --example charge                      # the embedded in-memory store
 //! cargo run --example charge -- --redis URL       # Redis store, dead letters in a Redis stream
+//! cargo run --example charge -- --redis URL --redrive   # then the gateway recovers: redrive
 //! ```
 //!
-//! With `--redis`, order-B's dead letter stays in the stream `jobguard:dead_letters:charge`;
-//! `RedisDeadLetters::redrive(id, |letter| async { ... })` replays it and removes it only when
-//! the replay succeeds.
+//! With `--redis`, order-B's dead letter stays in the stream `jobguard:dead_letters:charge`.
+//! With `--redrive` too, the gateway then recovers and every letter in the stream is redriven
+//! (`Service::redrive`: `RedisDeadLetters::redrive(id, |letter| charge(..))`): the job runs
+//! again from the letter's payload under its idempotency key, order-B is charged once, and the
+//! letter is removed because the job succeeded.
 
 use jobguard::{MemoryDeadLetters, MemoryStore, RedisDeadLetters, RedisStore};
 use jobguard_workspace::scenario::{Service, run_scenario};
@@ -51,17 +54,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\n$ GET /state\n{}", serde_json::to_string_pretty(&state)?);
     if let Some(url) = &redis_url {
         let letters = RedisDeadLetters::connect(url, STREAM).await?;
+        println!();
         for (id, letter) in letters.list().await? {
             println!(
-                "\nin {STREAM}: {id} job={} key={} reason={} attempts={}",
+                "in {STREAM}: {id} job={} key={} reason={} attempts={} payload={}",
                 letter.job,
                 letter.key.as_deref().unwrap_or("-"),
                 letter.reason,
-                letter.attempts
+                letter.attempts,
+                letter
+                    .payload
+                    .as_ref()
+                    .map_or("-".into(), ToString::to_string),
             );
+        }
+        if args.iter().any(|a| a == "--redrive") {
+            println!("\n$ the gateway recovers; redrive {STREAM}");
+            for (id, done) in service.redrive(&letters).await? {
+                println!(
+                    "  {id}: {}",
+                    if done { "redriven, removed" } else { "kept" }
+                );
+            }
             println!(
-                "  redrive: letters.redrive(\"{id}\", |letter| async {{ /* run the job again */ }}).await"
+                "letters left in {STREAM}: {}\n\n$ GET /state\n{}",
+                letters.len().await?,
+                serde_json::to_string_pretty(&service.state().await)?
             );
+        } else {
+            println!("redrive them with: cargo run --example charge -- --redis {url} --redrive");
         }
     }
     Ok(())

@@ -9,11 +9,12 @@
 //! (the tests) each count only their own jobs. A production service would install one recorder
 //! for the process with `metrics::set_global_recorder` instead.
 
-use jobguard::{Event, Runtime, Store, StoreKey, Transient};
+use jobguard::{Event, RedisDeadLetters, RedriveError, Runtime, Store, StoreKey, Transient};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -84,9 +85,16 @@ pub struct State {
 pub struct Gateway {
     state: Arc<Mutex<State>>,
     tries: Mutex<BTreeMap<String, u32>>,
+    /// Set by [`Gateway::recover`]: from then on every capture succeeds.
+    recovered: AtomicBool,
 }
 
 impl Gateway {
+    /// The gateway is back: from now on every capture succeeds, order-B's too.
+    pub fn recover(&self) {
+        self.recovered.store(true, Ordering::SeqCst);
+    }
+
     /// Captures a payment, or fails as the scenario says.
     pub async fn capture(&self, order_id: &str, _amount: u64) -> Result<Receipt, GatewayError> {
         let attempt = {
@@ -97,7 +105,7 @@ impl Gateway {
         };
         self.log(format!("{order_id} attempt {attempt}"));
         let recovers_on = if order_id == "order-A" { 3 } else { u32::MAX };
-        if attempt < recovers_on {
+        if attempt < recovers_on && !self.recovered.load(Ordering::SeqCst) {
             return Err(GatewayError::Timeout {
                 order_id: order_id.to_owned(),
                 attempt,
@@ -117,9 +125,17 @@ impl Gateway {
 }
 
 /// The job: idempotency outside, retry inside, `jitter = none` so the delays read
-/// 0.5, 1.0, 2.0, 4.0.
+/// 0.5, 1.0, 2.0, 4.0. A give-up's dead letter carries `(order_id, amount)`, so that
+/// [`Service::redrive`] can run the job again.
 #[jobguard::idempotent(key = key, scope = "payments.charge")]
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none, on = transient)]
+#[jobguard::retry(
+    attempts = 5,
+    base = "500ms",
+    cap = "8s",
+    jitter = none,
+    on = transient,
+    payload = (order_id, amount)
+)]
 pub async fn charge(
     gateway: &Gateway,
     order_id: &str,
@@ -240,6 +256,41 @@ impl Service {
     pub async fn finished(&self, n: usize) {
         let mut rx = self.idle.subscribe();
         let _ = rx.wait_for(|done| *done >= n).await;
+    }
+
+    /// The gateway is back: redrives every letter in `letters`, running [`charge`] again from
+    /// the letter's payload under its idempotency key (the give-up released the claim) with a
+    /// fresh attempt budget. A letter is removed only when its job succeeds. Returns each
+    /// letter's id and whether it was redriven.
+    pub async fn redrive(
+        &self,
+        letters: &RedisDeadLetters,
+    ) -> Result<Vec<(String, bool)>, jobguard::Error> {
+        self.gateway.recover();
+        let mut redriven = Vec::new();
+        for (id, _) in letters.list().await? {
+            let gateway = &*self.gateway;
+            let outcome = self
+                .runtime
+                .scope(letters.redrive(&id, |letter| async move {
+                    let no_payload =
+                        || jobguard::Error::Corrupt("a letter without a payload".into());
+                    let (order_id, amount): (String, u64) =
+                        letter.payload_as().ok_or_else(no_payload)??;
+                    let key = letter.key.as_deref().unwrap_or_default();
+                    charge(gateway, &order_id, amount, key).await
+                }))
+                .await;
+            match outcome {
+                Ok(done) => redriven.push((id.clone(), done)),
+                Err(RedriveError::Store(e)) => return Err(e),
+                Err(RedriveError::Job(e)) => {
+                    println!("  redrive of {id} failed, the letter stays: {e}");
+                    redriven.push((id.clone(), false));
+                }
+            }
+        }
+        Ok(redriven)
     }
 
     /// jobguard's metrics for this service's jobs, in the Prometheus text format.
