@@ -113,3 +113,30 @@ async fn flaky_fast(calls: Arc<AtomicU32>, fail_times: u32) -> Result<u32, Gatew
     }
     Ok(n)
 }
+
+/// An error that is `Send` but not `Sync`: the call's future must still be `Send`, so nothing
+/// may hold `&E` across an await (the give-up's dead letter takes the error's message).
+#[jobguard::retry(attempts = 2, base = "1ms", jitter = none, on = all)]
+async fn send_but_not_sync(calls: &AtomicU32) -> Result<(), Box<dyn std::error::Error + Send>> {
+    calls.fetch_add(1, Ordering::SeqCst);
+    Err(Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_that_is_send_but_not_sync_keeps_the_future_send() {
+    fn assert_send<F: std::future::Future + Send>(f: F) -> F {
+        f
+    }
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder().dead_letters(letters.clone()).build();
+    let spawned = tokio::spawn(async move {
+        runtime
+            .scope(assert_send(send_but_not_sync(&CALLS)))
+            .await
+            .is_err()
+    });
+    assert!(spawned.await.unwrap());
+    assert_eq!(CALLS.load(Ordering::SeqCst), 2);
+    assert_eq!(letters.letters()[0].error, "timed out");
+}

@@ -133,20 +133,23 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //     #[retry(attempts = 5, base = "500ms")]
 //     async fn charge(order_id: &str) -> Result<Receipt, GatewayError> { body }
 //
-// Output:
+// Output (macros/tests/expand/*.expanded.rs has it exactly, for several shapes):
 //     async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
 //         let __jobguard_key = ::jobguard::__private::key(&(order_id));
-//         ::jobguard::__private::Idempotent::new(concat!(module_path!(), "::", "charge"), &__jobguard_key)
+//         let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
+//             concat!(module_path!(), "::charge"), &__jobguard_key);
+//         __jobguard_idempotent
 //             .run(async {
-//                 let mut __jobguard_retry = ::jobguard::__private::Retry::new(
-//                     concat!(module_path!(), "::", "charge"),
-//                     ::jobguard::Policy::new().attempts(5).base(Duration::from_millis(500)),
-//                 )
-//                 .key(&__jobguard_key);
+//                 static __JOBGUARD_JOB: Job = Job::new(concat!(module_path!(), "::charge"));
+//                 const __JOBGUARD_POLICY: Policy =      // `let __jobguard_policy` when an
+//                     Policy::new().attempts(5)          // argument is not a literal
+//                         .base(Duration::from_millis(500));
+//                 let mut __jobguard_retry =
+//                     Retry::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY).key(&__jobguard_key);
 //                 loop {
-//                     let __jobguard_attempt = __jobguard_retry.attempt(async { body }).await;
-//                     if let ControlFlow::Break(__jobguard_done) =
-//                         __jobguard_retry.settle(__jobguard_attempt, ::jobguard::__private::transient).await
+//                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
+//                         .attempt(async { body }, ::jobguard::__private::transient)
+//                         .await
 //                     {
 //                         break __jobguard_done;
 //                     }

@@ -1,8 +1,9 @@
 //! The retry loop: one attempt at a time, classified, delayed, given up on.
 //!
 //! [`Retry`] is the state of one job call. `#[retry]` expands to a `loop` over
-//! [`Retry::attempt`] and [`Retry::settle`]; [`Policy::run`](crate::Policy::run) is the same loop
-//! for closures. The success path allocates nothing and takes no lock.
+//! [`Retry::attempt`] (or [`Retry::attempt_guarded`] with a breaker, timeout or budget), each
+//! call one attempt and what follows it; [`Policy::run`](crate::Policy::run) is the same loop for
+//! closures. The success path allocates nothing and takes no lock.
 
 use crate::breaker::{CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp, Payload, Trail};
@@ -31,6 +32,8 @@ pub struct Retry<'a> {
     /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
     /// in a process where no runtime has an observer never looks it up.
     runtime: ManuallyDrop<Option<Current>>,
+    /// The installed runtime when the call started, if any (see [`Current::installed`]).
+    installed: Option<&'static Runtime>,
     attempt: u32,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
     started: Option<Instant>,
@@ -53,6 +56,11 @@ pub struct Retry<'a> {
 impl Drop for Retry<'_> {
     #[inline]
     fn drop(&mut self) {
+        debug_assert!(
+            self.held
+                || (self.permit.is_none() && self.failures.is_none() && self.runtime.is_none()),
+            "`held` must be set before any owned part is"
+        );
         if self.held {
             // SAFETY: each is dropped once, here, and never used after.
             unsafe {
@@ -92,9 +100,9 @@ enum Origin {
     CircuitOpen,
 }
 
-/// The result of one attempt, as [`Retry::settle`] takes it.
+/// The result of one guarded attempt, as `Retry::settle` takes it.
 #[must_use]
-pub struct Attempted<T, E> {
+struct Attempted<T, E> {
     result: Result<T, E>,
     origin: Origin,
 }
@@ -115,6 +123,7 @@ impl<'a> Retry<'a> {
             breaker: None,
             sink: None,
             runtime: ManuallyDrop::new(None),
+            installed: Current::installed(),
             attempt: 0,
             started: None,
             first_wall: None,
@@ -174,7 +183,12 @@ impl<'a> Retry<'a> {
         let runtime = match crate::observe::observed() {
             true => {
                 self.held = true;
-                Some(&**self.runtime.get_or_insert_with(Current::get))
+                let installed = self.installed;
+                Some(
+                    &**self
+                        .runtime
+                        .get_or_insert_with(|| Current::with_installed(installed)),
+                )
             }
             false => None,
         };
@@ -189,7 +203,9 @@ impl<'a> Retry<'a> {
     /// The runtime in scope.
     fn runtime(&mut self) -> &Runtime {
         self.held = true;
-        self.runtime.get_or_insert_with(Current::get)
+        let installed = self.installed;
+        self.runtime
+            .get_or_insert_with(|| Current::with_installed(installed))
     }
 
     /// The failure state, made at the first failure.
@@ -435,7 +451,7 @@ impl<'a> Retry<'a> {
             _ => None,
         };
         if let Some(reason) = give_up {
-            self.give_up(reason, &error).await;
+            self.give_up(reason, error.to_string()).await;
             return ControlFlow::Break(Err(error));
         }
         let delay = match verdict {
@@ -452,7 +468,7 @@ impl<'a> Retry<'a> {
             };
             if beyond {
                 // The next attempt could not start inside the budget: give up now, not later.
-                self.give_up(GiveUp::Budget, &error).await;
+                self.give_up(GiveUp::Budget, error.to_string()).await;
                 return ControlFlow::Break(Err(error));
             }
         }
@@ -477,7 +493,10 @@ impl<'a> Retry<'a> {
             return curve;
         }
         self.held = true;
-        let runtime = self.runtime.get_or_insert_with(Current::get);
+        let installed = self.installed;
+        let runtime = self
+            .runtime
+            .get_or_insert_with(|| Current::with_installed(installed));
         let base = p.base;
         let failures = self.failures.get_or_insert_with(|| Failures::new(base));
         let rng = failures.rng.get_or_insert_with(|| runtime.rng());
@@ -485,7 +504,9 @@ impl<'a> Retry<'a> {
             .apply(curve, failures.previous_delay, p.base, p.cap, rng)
     }
 
-    async fn give_up<E: Display>(&mut self, reason: GiveUp, error: &E) {
+    /// Takes the last error's message, not the error: `&E` held across the send would make the
+    /// call's future `Send` only for `E: Sync`.
+    async fn give_up(&mut self, reason: GiveUp, error: String) {
         let now = SystemTime::now();
         let first = self.first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
@@ -493,7 +514,7 @@ impl<'a> Retry<'a> {
             self.key.map(str::to_owned),
             reason,
             self.attempt,
-            error.to_string(),
+            error,
             first,
             self.last_wall.unwrap_or(first),
         );
@@ -552,6 +573,7 @@ where
         if let Some(failing) = &mut this.failing {
             return failing.as_mut().poll(cx);
         }
+        assert!(this.retry.is_some(), "`Step` polled after completion");
         let future = unsafe { Pin::new_unchecked(&mut this.future) };
         let polled = {
             #[cfg(feature = "tracing")]

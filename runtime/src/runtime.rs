@@ -120,9 +120,22 @@ impl Current {
     /// The runtime a job started here would use.
     #[inline]
     pub(crate) fn get() -> Current {
+        Current::with_installed(Current::installed())
+    }
+
+    /// The installed runtime, if there is one yet: what a job fixes when it starts, so that an
+    /// `install()` while it runs does not move it to another runtime halfway.
+    #[inline]
+    pub(crate) fn installed() -> Option<&'static Runtime> {
+        INSTALLED.get()
+    }
+
+    /// The runtime in scope, else `installed` as read when the job started, else the embedded one.
+    #[inline]
+    pub(crate) fn with_installed(installed: Option<&'static Runtime>) -> Current {
         SCOPED
             .try_with(|scoped| Current::Scoped(scoped.clone()))
-            .unwrap_or_else(|_| Current::Static(INSTALLED.get().unwrap_or(&EMBEDDED)))
+            .unwrap_or_else(|_| Current::Static(installed.unwrap_or(&EMBEDDED)))
     }
 
     /// An owned handle on the runtime.
