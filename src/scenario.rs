@@ -195,6 +195,7 @@ impl Service {
         let (queue, mut jobs) = mpsc::unbounded_channel::<Job>();
         let (idle, _) = tokio::sync::watch::channel(0usize);
         let recorder = PrometheusBuilder::new().build_recorder();
+        #[cfg(feature = "metrics")]
         metrics::with_local_recorder(&recorder, jobguard::observe::metrics::describe);
         let service = Service {
             gateway,

@@ -1,11 +1,9 @@
 //! What a dead letter records beyond the last error: the bounded history of the last attempts'
 //! errors (oldest dropped), and the job's payload, serialized only when the job gives up.
 
-use jobguard::__private::Retry;
-use jobguard::{DeadLetter, GiveUp, Jitter, MemoryDeadLetters, Policy, Runtime};
+use jobguard::{DeadLetter, GiveUp, MemoryDeadLetters, Runtime};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tracing::field::{Field, Visit};
@@ -148,28 +146,19 @@ impl Serialize for Args<'_> {
     }
 }
 
-/// The loop `#[retry(payload = (order_id, amount))]` expands to: fails `fail` times.
-async fn charge<P: Serialize + Sync>(payload: &P, fail: u32) -> Result<u64, GatewayError> {
-    let calls = AtomicU32::new(0);
-    let policy = Policy::new().attempts(3).jitter(Jitter::None);
-    let mut retry = Retry::new("tests::charge", policy).payload(payload);
-    loop {
-        let attempted = retry
-            .attempt(async {
-                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-                if n <= fail {
-                    Err(GatewayError::Timeout(n))
-                } else {
-                    Ok(100)
-                }
-            })
-            .await;
-        if let ControlFlow::Break(done) = retry
-            .settle(attempted, jobguard::__private::transient)
-            .await
-        {
-            return done;
-        }
+/// Fails `fail` times, with `payload` for its arguments in the letter; generic over the payload
+/// so that a test can count its serializations.
+#[jobguard::retry(attempts = 3, jitter = none, payload = payload)]
+async fn charge<P: Serialize + Sync>(
+    payload: &P,
+    fail: u32,
+    calls: &AtomicU32,
+) -> Result<u64, GatewayError> {
+    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if n <= fail {
+        Err(GatewayError::Timeout(n))
+    } else {
+        Ok(100)
     }
 }
 
@@ -184,8 +173,18 @@ async fn the_payload_is_serialized_only_when_the_job_gives_up() {
     };
     runtime
         .scope(async {
-            assert_eq!(charge(&args("order-A"), 0).await.unwrap(), 100);
-            assert_eq!(charge(&args("order-A"), 2).await.unwrap(), 100);
+            assert_eq!(
+                charge(&args("order-A"), 0, &AtomicU32::new(0))
+                    .await
+                    .unwrap(),
+                100
+            );
+            assert_eq!(
+                charge(&args("order-A"), 2, &AtomicU32::new(0))
+                    .await
+                    .unwrap(),
+                100
+            );
         })
         .await;
     assert_eq!(
@@ -195,7 +194,12 @@ async fn the_payload_is_serialized_only_when_the_job_gives_up() {
     );
     assert!(letters.is_empty());
 
-    assert!(runtime.scope(charge(&args("order-B"), 99)).await.is_err());
+    assert!(
+        runtime
+            .scope(charge(&args("order-B"), 99, &AtomicU32::new(0)))
+            .await
+            .is_err()
+    );
     assert_eq!(serialized.load(Ordering::SeqCst), 1, "once, for the letter");
     let letter = only(&letters);
     assert_eq!(letter.payload, Some(serde_json::json!(["order-B", 100])));
@@ -229,7 +233,12 @@ impl Serialize for Unserializable {
 async fn an_unserializable_payload_is_reported_and_the_letter_still_sent() {
     let (events, _guard) = Capture::install();
     let (runtime, letters) = runtime();
-    assert!(runtime.scope(charge(&Unserializable, 99)).await.is_err());
+    assert!(
+        runtime
+            .scope(charge(&Unserializable, 99, &AtomicU32::new(0)))
+            .await
+            .is_err()
+    );
     let letter = only(&letters);
     assert_eq!(letter.payload, None);
     assert_eq!(letter.attempts, 3);
@@ -238,7 +247,7 @@ async fn an_unserializable_payload_is_reported_and_the_letter_still_sent() {
     assert!(
         errors[0]
             .0
-            .contains("tests::charge gave up and its payload could not be serialized")
+            .contains("dead_letter_record::charge gave up and its payload could not be serialized")
             && errors[0].0.contains("a socket is not data"),
         "{}",
         errors[0].0
@@ -313,10 +322,10 @@ fn a_first_time_success_with_a_payload_allocates_nothing() {
         serialized: &serialized,
     };
     // Warm-up: the embedded runtime and the metrics label of this job are built once.
-    assert_eq!(ready(charge(&args, 0)).unwrap(), 100);
+    assert_eq!(ready(charge(&args, 0, &AtomicU32::new(0))).unwrap(), 100);
     let before = ALLOCATIONS.with(std::cell::Cell::get);
     for _ in 0..1_000 {
-        assert_eq!(ready(charge(&args, 0)).unwrap(), 100);
+        assert_eq!(ready(charge(&args, 0, &AtomicU32::new(0))).unwrap(), 100);
     }
     let allocations = ALLOCATIONS.with(std::cell::Cell::get) - before;
     assert_eq!(allocations, 0, "the success path allocated");

@@ -6,14 +6,13 @@
 //! These run on the real clock: the connection's timeouts are real I/O, which tokio's paused
 //! clock would fire early. The jobs retry after 1 ms.
 
-use jobguard::__private::Retry;
 use jobguard::dead_letter::redis::{RedisDeadLetters, RedriveError};
 use jobguard::store::redis::RedisStore;
-use jobguard::{DeadLetter, DeadLetterSink, Error, GiveUp, Jitter, Policy, Runtime};
+use jobguard::{DeadLetter, DeadLetterSink, Error, GiveUp, Runtime};
 use jobguard_workspace::redis::RedisServer;
-use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::SystemTime;
 
 const STREAM: &str = "jobguard:dead_letters";
 
@@ -43,28 +42,21 @@ impl From<jobguard::Error> for GatewayError {
     }
 }
 
-/// `#[retry(payload = (order_id, amount))]` written out: always times out, so it gives up with
-/// its arguments in the letter.
-async fn charge_with_payload(order_id: &str, amount: u64) -> Result<(), GatewayError> {
-    let args = (order_id, amount);
-    let policy = Policy::new()
-        .attempts(2)
-        .base(Duration::from_millis(1))
-        .jitter(Jitter::None);
-    let mut retry = Retry::new("tests::charge_with_payload", policy)
-        .key(order_id)
-        .payload(&args);
-    loop {
-        let attempted = retry
-            .attempt(async { Err(GatewayError::Timeout(order_id.to_owned())) })
-            .await;
-        if let ControlFlow::Break(done) = retry
-            .settle(attempted, jobguard::__private::transient)
-            .await
-        {
-            return done;
-        }
+/// Whether the gateway `charge_with_payload` calls answers.
+static GATEWAY_UP: AtomicBool = AtomicBool::new(false);
+/// What `charge_with_payload` charged.
+static CHARGED: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// Times out while the gateway is down, so it gives up with its key and its arguments in the
+/// letter; charges once it is up.
+#[jobguard::idempotent(key = order_id, scope = "tests.redis_payload")]
+#[jobguard::retry(attempts = 2, base = "1ms", jitter = none, payload = (order_id, amount))]
+async fn charge_with_payload(order_id: &str, amount: u64) -> Result<u64, GatewayError> {
+    if !GATEWAY_UP.load(Ordering::SeqCst) {
+        return Err(GatewayError::Timeout(order_id.to_owned()));
     }
+    CHARGED.lock().unwrap().push((order_id.to_owned(), amount));
+    Ok(amount)
 }
 
 async fn connect(server: &RedisServer) -> RedisDeadLetters {
@@ -166,20 +158,28 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
     assert_eq!(letters.len().await.unwrap(), 1);
     assert!(letters.get(&id).await.unwrap().is_some());
 
-    // It succeeds, replayed from the payload with its key: the letter goes.
-    let charged = std::sync::Mutex::new(Vec::new());
-    let record = &charged;
-    let redriven = letters
-        .redrive(&id, |letter| async move {
+    // The gateway is back: the job itself runs again from the payload, under the same key (the
+    // give-up released its claim) and with a fresh attempt budget. It charges, and the letter goes.
+    GATEWAY_UP.store(true, Ordering::SeqCst);
+    let redriven = runtime
+        .scope(letters.redrive(&id, |letter| async move {
             let (order_id, amount): (String, u64) = letter.payload_as().unwrap()?;
             assert_eq!(letter.key.as_deref(), Some(order_id.as_str()));
-            record.lock().unwrap().push((order_id, amount));
-            Ok::<(), Error>(())
-        })
+            charge_with_payload(&order_id, amount).await
+        }))
         .await;
     assert!(matches!(redriven, Ok(true)), "{redriven:?}");
-    assert_eq!(*charged.lock().unwrap(), [("order-B".to_owned(), 100)]);
+    assert_eq!(*CHARGED.lock().unwrap(), [("order-B".to_owned(), 100)]);
     assert!(letters.is_empty().await.unwrap());
+    // A redelivery of the original job now replays the charge instead of repeating it.
+    assert_eq!(
+        runtime
+            .scope(charge_with_payload("order-B", 100))
+            .await
+            .unwrap(),
+        100
+    );
+    assert_eq!(CHARGED.lock().unwrap().len(), 1);
 
     // Nothing left to redrive: the job does not run.
     let calls = AtomicU32::new(0);

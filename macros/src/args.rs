@@ -120,6 +120,7 @@ pub(crate) struct RetryArgs {
     pub timeout: Option<DurationArg>,
     pub breaker: Option<Expr>,
     pub dead_letter: Option<Expr>,
+    pub payload: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -133,6 +134,7 @@ pub(crate) const RETRY_KEYS: &[&str] = &[
     "timeout",
     "breaker",
     "dead_letter",
+    "payload",
     "crate",
 ];
 
@@ -319,6 +321,7 @@ pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
             }
             "breaker" => once(&mut args.breaker, &key, span, Some(expr), errors),
             "dead_letter" => once(&mut args.dead_letter, &key, span, Some(expr), errors),
+            "payload" => once(&mut args.payload, &key, span, Some(expr), errors),
             "crate" => {
                 let v = crate_path(expr, errors);
                 once(&mut args.krate, &key, span, v, errors)

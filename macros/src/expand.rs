@@ -58,23 +58,25 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
     let mut kept = Vec::with_capacity(func.attrs.len());
     for attr in std::mem::take(&mut func.attrs) {
         match sibling(&attr) {
-            Some(Kind::Retry) if retry.is_some() => errors.at(
-                attr.span(),
+            Some(Kind::Retry) if retry.is_some() => errors.push(syn::Error::new_spanned(
+                // The whole attribute, not only its `#`: stable Rust cannot join spans.
+                &attr,
                 format!(
                     "`#[retry]` is given twice on `{}`; merge their arguments into one",
                     func.sig.ident
                 ),
-            ),
+            )),
             Some(Kind::Retry) => {
                 retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors))
             }
-            Some(Kind::Idempotent) if idempotent.is_some() => errors.at(
-                attr.span(),
+            Some(Kind::Idempotent) if idempotent.is_some() => errors.push(syn::Error::new_spanned(
+                // The whole attribute, not only its `#`: stable Rust cannot join spans.
+                &attr,
                 format!(
                     "`#[idempotent]` is given twice on `{}`; merge their arguments into one",
                     func.sig.ident
                 ),
-            ),
+            )),
             Some(Kind::Idempotent) => {
                 idempotent_span = attr.span();
                 idempotent = Some(args::idempotent(attr_args(&attr, &mut errors), &mut errors));
@@ -292,7 +294,9 @@ fn retry_loop(
     let literal = [&r.base, &r.cap, &r.budget, &r.timeout]
         .iter()
         .all(|d| d.as_ref().is_none_or(|d| d.literal().is_some()))
-        && r.attempts.as_ref().is_none_or(|a| matches!(a, syn::Expr::Lit(_)));
+        && r.attempts
+            .as_ref()
+            .is_none_or(|a| matches!(a, syn::Expr::Lit(_)));
     let (policy, policy_name) = if literal {
         let name = quote!(__JOBGUARD_POLICY);
         (quote!(const #name: #krate::Policy = #policy;), name)
@@ -310,6 +314,18 @@ fn retry_loop(
     if let Some(d) = &r.dead_letter {
         state.extend(quote!(.dead_letter(&#d)));
     }
+    // The arguments are borrowed, never moved: the body still owns them.
+    let payload = r.payload.as_ref().map(|p| {
+        let borrowed = match p {
+            syn::Expr::Tuple(t) => {
+                let elems = t.elems.iter();
+                quote_spanned!(p.span()=> (#(&#elems,)*))
+            }
+            other => quote_spanned!(p.span()=> &#other),
+        };
+        state.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
+        quote!(let __jobguard_payload = #borrowed;)
+    });
     let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
     let method = Ident::new(
         if guarded {
@@ -328,14 +344,20 @@ fn retry_loop(
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
         Some(On::Classifier(f)) => quote!(#f),
     };
+    // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
+    // reported once, there, rather than once there and again on the whole attribute.
+    let call = if guarded {
+        quote_spanned!(ret.span()=> __jobguard_retry.#method(#body, #classify).await)
+    } else {
+        quote!(__jobguard_retry.#method(#body, #classify).await)
+    };
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
+        #payload
         let mut __jobguard_retry = #state;
         loop {
-            let __jobguard_attempt = __jobguard_retry.#method(#body).await;
-            if let ::core::ops::ControlFlow::Break(__jobguard_done) =
-                __jobguard_retry.settle(__jobguard_attempt, #classify).await
+            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call
             {
                 break __jobguard_done;
             }
@@ -380,8 +402,13 @@ fn idempotent_call(
         call.extend(quote!(.store(&#store)));
     }
     let run = Ident::new("run", ret.span());
+    // Each bound is reported on the tokens it is about: the key's on the key expression, the
+    // `Ok` and error types' on the return type.
+    let key = quote_spanned!(key.span()=> #krate::__private::key(&(#key)));
+    let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(#work).await);
     quote! {
-        let __jobguard_key = #krate::__private::key(&(#key));
-        #call.#run(#work).await
+        let __jobguard_key = #key;
+        let __jobguard_idempotent = #call;
+        #run
     }
 }

@@ -29,9 +29,11 @@ pub enum Error {
     Budget,
     /// The claim's lease lapsed before the result was stored; another worker may have run the job.
     LeaseLost,
-    /// The idempotency store could not be reached or answered with an error.
+    /// A store (the idempotency store, or a durable dead-letter sink) could not be reached or
+    /// answered with an error. The message names the store and the command.
     Store(String),
-    /// A stored record could not be decoded.
+    /// A stored record (an idempotency record, a dead letter or its payload) could not be
+    /// decoded. The message says which.
     Corrupt(String),
 }
 
@@ -48,8 +50,8 @@ impl fmt::Display for Error {
             Error::Timeout => f.write_str("attempt timed out"),
             Error::Budget => f.write_str("retry budget spent"),
             Error::LeaseLost => f.write_str("idempotency lease lost before the result was stored"),
-            Error::Store(msg) => write!(f, "idempotency store unavailable: {msg}"),
-            Error::Corrupt(msg) => write!(f, "corrupt idempotency record: {msg}"),
+            Error::Store(msg) => write!(f, "store unavailable: {msg}"),
+            Error::Corrupt(msg) => write!(f, "corrupt record: {msg}"),
         }
     }
 }

@@ -130,7 +130,18 @@ impl<'a> Idempotent<'a> {
     /// * Store unreachable: [`Error::Store`], and `work` is not run (fail closed).
     /// * `work` fails, is cancelled or panics: the claim is released so a redelivery runs it again.
     /// * `work` succeeds: the value is stored for the TTL and returned.
-    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    pub fn run<T, E, F>(self, work: F) -> impl Future<Output = Result<T, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        T: crate::__private::Replayable,
+        E: crate::__private::FromJobguard,
+    {
+        // Not an `async fn`: a bound the job's types miss is one error at the call, not a
+        // second one at the `.await`.
+        self.claimed(work)
+    }
+
+    async fn claimed<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
         T: crate::__private::Replayable,
@@ -320,16 +331,16 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
         v: u32,
     }
     let version: Version = serde_json::from_slice(bytes)
-        .map_err(|e| Error::Corrupt(format!("unreadable record: {e}")))?;
+        .map_err(|e| Error::Corrupt(format!("idempotency record is not JSON: {e}")))?;
     if version.v != RECORD_VERSION {
         return Err(Error::Corrupt(format!(
-            "record format version {} (this build reads {RECORD_VERSION})",
+            "idempotency record format version {} (this build reads {RECORD_VERSION})",
             version.v
         )));
     }
     let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| {
         Error::Corrupt(format!(
-            "stored result does not decode as this job's type: {e}"
+            "idempotency record's result does not decode as this job's type: {e}"
         ))
     })?;
     debug_assert_eq!(record.v, RECORD_VERSION);

@@ -86,7 +86,8 @@ pub use jobguard_macros::Transient;
 ///
 /// Arguments (all optional, any order): `attempts`, `base`, `cap`, `jitter`
 /// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
-/// `budget`, `timeout`, `breaker`, `dead_letter`, `crate`. The README's table gives each one.
+/// `budget`, `timeout`, `breaker`, `dead_letter`, `payload` (the arguments a dead letter carries
+/// for a redrive: `payload = (order_id, amount)`), `crate`. The README's table gives each one.
 ///
 /// `return` and `?` in the body end one attempt, not the whole call; the body runs again on a
 /// retry, so it must not move a parameter it needs next time (clone it inside). The future is
@@ -238,6 +239,16 @@ pub mod __private {
         let digest = Sha256::digest(&bytes);
         digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
     }
+
+    /// Names the bound that `#[retry(payload = ...)]` needs of the arguments, in words.
+    #[diagnostic::on_unimplemented(
+        message = "`#[retry(payload = ...)]` cannot carry `{Self}` in a dead letter",
+        label = "the payload is serialized with serde into the letter, so it needs `serde::Serialize + Sync`",
+        note = "derive `serde::Serialize` for the arguments' types, or leave out the ones that cannot be serialized"
+    )]
+    pub trait Payload: serde::Serialize + Sync {}
+    #[diagnostic::do_not_recommend]
+    impl<P: serde::Serialize + Sync + ?Sized> Payload for P {}
 
     /// Names the bound that `#[idempotent]` needs of the `Ok` type, in words.
     #[diagnostic::on_unimplemented(

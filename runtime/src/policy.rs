@@ -158,12 +158,18 @@ impl Policy {
         E: crate::Transient + From<crate::Error> + std::fmt::Display,
     {
         let mut retry = crate::retry::Retry::new(job, self);
+        // Without a time limit nothing can cut an attempt: the unguarded loop serves.
+        let guarded = self.timeout.is_some() || self.budget.is_some();
         loop {
             let attempt = retry.next_attempt();
-            let result = retry.attempt_guarded(f(attempt)).await;
-            if let core::ops::ControlFlow::Break(done) =
-                retry.settle(result, crate::Transient::verdict).await
-            {
+            let step = if guarded {
+                retry
+                    .attempt_guarded(f(attempt), crate::Transient::verdict)
+                    .await
+            } else {
+                retry.attempt(f(attempt), crate::Transient::verdict).await
+            };
+            if let core::ops::ControlFlow::Break(done) = step {
                 return done;
             }
         }

@@ -13,7 +13,6 @@ use core::ops::ControlFlow;
 use rand::rngs::SmallRng;
 use std::fmt::Display;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -127,9 +126,16 @@ impl<'a> Retry<'a> {
 
     /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
     /// never otherwise: the success path neither serializes nor allocates.
-    pub fn payload<P: serde::Serialize + Sync>(mut self, payload: &'a P) -> Self {
+    pub fn payload<P: crate::__private::Payload>(mut self, payload: &'a P) -> Self {
         self.payload = Some(payload);
         self
+    }
+
+    /// Whether anything could see an event: an observer somewhere in the process, or the
+    /// `metrics` or `tracing` integration. Without any, the success path builds no event.
+    #[inline(always)]
+    fn observing() -> bool {
+        cfg!(any(feature = "metrics", feature = "tracing")) || crate::observe::observed()
     }
 
     /// Raises `event` on the runtime, inside the call's span with the `tracing` feature.
@@ -175,11 +181,13 @@ impl<'a> Retry<'a> {
         self.stamped = false;
         #[cfg(feature = "tracing")]
         self.span.record_attempt(self.job, self.key, self.attempt);
-        self.emit(&Event::Attempt {
-            job: self.job,
-            key: self.key,
-            attempt: self.attempt,
-        });
+        if Self::observing() {
+            self.emit(&Event::Attempt {
+                job: self.job,
+                key: self.key,
+                attempt: self.attempt,
+            });
+        }
     }
 
     /// Takes the current attempt's wall-clock start, once.
@@ -219,24 +227,57 @@ impl<'a> Retry<'a> {
         result
     }
 
-    /// Runs one attempt of a job with no breaker, timeout or budget, so the runtime cannot fail
-    /// on its own and `E` needs nothing from jobguard.
-    pub fn attempt<T, E, F>(&mut self, attempt: F) -> AttemptFuture<'_, 'a, F>
+    /// Runs one attempt of a job with no breaker, timeout or budget (so the runtime cannot fail
+    /// on its own and `E` needs nothing from jobguard), and decides what follows it: `Break` with
+    /// the result to return (a success, or the last error once the give-up is dead-lettered), or
+    /// `Continue` once the delay before the next attempt has passed. A success is settled inside
+    /// the attempt's own poll; only a failure allocates, for the wait.
+    pub fn attempt<T, E, F, C, V>(
+        &mut self,
+        attempt: F,
+        classify: C,
+    ) -> impl Future<Output = ControlFlow<Result<T, E>>>
     where
         F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: Display,
     {
         self.begin();
-        AttemptFuture {
+        Step {
             #[cfg(feature = "tracing")]
             span: self.span.handle(self.job, self.key),
-            retry: self,
+            fail: Retry::failed::<T, E>,
+            retry: Some(self),
+            classify: Some(classify),
             future: attempt,
+            failing: None,
+            _value: std::marker::PhantomData,
         }
     }
 
     /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
     /// not polled when the breaker refuses it.
-    pub async fn attempt_guarded<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
+    #[allow(clippy::manual_async_fn)] // the bound is on the call, not on an `async fn`'s future
+    pub fn attempt_guarded<T, E, F, V>(
+        &mut self,
+        attempt: F,
+        classify: impl FnOnce(&E) -> V,
+    ) -> impl Future<Output = ControlFlow<Result<T, E>>>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: crate::__private::FromJobguard + Display,
+        V: Into<Verdict>,
+    {
+        // Not an `async fn`: a missing `From<jobguard::Error>` is then one error at the call, in
+        // the words of `FromJobguard`, not a second one at the `.await`.
+        async move {
+            let attempted = self.guarded(attempt).await;
+            self.settle(attempted, classify).await
+        }
+    }
+
+    async fn guarded<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
     where
         F: Future<Output = Result<T, E>>,
         E: crate::__private::FromJobguard,
@@ -296,14 +337,12 @@ impl<'a> Retry<'a> {
         }
     }
 
-    /// Decides what follows an attempt: `Break` with the result to return (success, or the last
-    /// error after a give-up has been dead-lettered), or `Continue` after waiting out the delay.
-    /// A success is decided here and now; only a failure has anything to await.
-    pub fn settle<T, E, V>(
+    /// Decides what follows a guarded attempt; see [`Retry::attempt`].
+    async fn settle<T, E, V>(
         &mut self,
         attempted: Attempted<T, E>,
         classify: impl FnOnce(&E) -> V,
-    ) -> Settle<T, E, impl Future<Output = ControlFlow<Result<T, E>>>>
+    ) -> ControlFlow<Result<T, E>>
     where
         E: Display,
         V: Into<Verdict>,
@@ -311,15 +350,8 @@ impl<'a> Retry<'a> {
         let Attempted { result, origin } = attempted;
         match result {
             Ok(value) => {
-                if let Some(permit) = self.permit.take() {
-                    permit.success();
-                }
-                self.emit(&Event::Succeeded {
-                    job: self.job,
-                    key: self.key,
-                    attempts: self.attempt,
-                });
-                Settle(Settled::Done(Some(value)), PhantomData)
+                self.succeeded();
+                ControlFlow::Break(Ok(value))
             }
             Err(error) => {
                 // The runtime's own failures are classified by the runtime, whatever `E` says.
@@ -328,11 +360,23 @@ impl<'a> Retry<'a> {
                     Origin::Timeout => Verdict::Retry,
                     Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
                 };
-                Settle(
-                    Settled::Failed(Box::pin(self.failed(error, origin, verdict))),
-                    PhantomData,
-                )
+                Box::pin(self.failed(error, origin, verdict)).await
             }
+        }
+    }
+
+    /// Books a success: the breaker's permit, the event.
+    #[inline]
+    fn succeeded(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            permit.success();
+        }
+        if Self::observing() {
+            self.emit(&Event::Succeeded {
+                job: self.job,
+                key: self.key,
+                attempts: self.attempt,
+            });
         }
     }
 
@@ -447,69 +491,70 @@ impl<'a> Retry<'a> {
     }
 }
 
-/// One attempt in flight, as [`Retry::attempt`] returns it: the job's body, run inside the call's
-/// span, with its wall-clock start taken only if a dead letter could need it (see
-/// [`Retry::watch`]).
-#[must_use = "futures do nothing unless polled"]
-pub struct AttemptFuture<'r, 'a, F> {
-    retry: &'r mut Retry<'a>,
+/// One attempt in flight and what follows it, as [`Retry::attempt`] returns it: the job's body,
+/// run inside the call's span, then the success booked in the same poll, or the failure's wait
+/// (boxed, so that the success path's future stays small).
+struct Step<'r, 'a, T, E, F, C, S> {
+    /// The call's state; handed to the failure's wait when there is one.
+    retry: Option<&'r mut Retry<'a>>,
+    classify: Option<C>,
+    fail: fn(&'r mut Retry<'a>, E, Origin, Verdict) -> S,
+    failing: Option<Pin<Box<S>>>,
     #[cfg(feature = "tracing")]
     span: Option<tracing::Span>,
+    /// The body; pinned with `Step`.
     future: F,
+    _value: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T, E, F: Future<Output = Result<T, E>>> Future for AttemptFuture<'_, '_, F> {
-    type Output = Attempted<T, E>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `future` is pinned structurally: it is never moved out of `self`, `self` has
-        // no `Drop` that could move it, and `AttemptFuture` is `Unpin` only when `F` is.
-        let this = unsafe { self.get_unchecked_mut() };
-        let future = unsafe { Pin::new_unchecked(&mut this.future) };
-        #[cfg(feature = "tracing")]
-        let _entered = this.span.as_ref().map(tracing::Span::enter);
-        match future.poll(cx) {
-            Poll::Pending => {
-                this.retry.stamp();
-                Poll::Pending
-            }
-            Poll::Ready(result) => {
-                if result.is_err() {
-                    this.retry.stamp();
-                }
-                Poll::Ready(Attempted {
-                    result,
-                    origin: Origin::Body,
-                })
-            }
-        }
-    }
-}
-
-/// What follows one attempt, as [`Retry::settle`] returns it: ready at once after a success,
-/// a boxed wait (allocated on the failure path only) after a failure.
-#[must_use = "futures do nothing unless polled"]
-pub struct Settle<T, E, S>(Settled<T, S>, PhantomData<fn() -> E>);
-
-enum Settled<T, S> {
-    Done(Option<T>),
-    Failed(Pin<Box<S>>),
-}
-
-// Nothing inside is pinned: the value is moved out by `take`, the wait is boxed.
-impl<T, E, S> Unpin for Settle<T, E, S> {}
-
-impl<T, E, S: Future<Output = ControlFlow<Result<T, E>>>> Future for Settle<T, E, S> {
+impl<T, E, F, C, V, S> Future for Step<'_, '_, T, E, F, C, S>
+where
+    F: Future<Output = Result<T, E>>,
+    C: FnOnce(&E) -> V,
+    V: Into<Verdict>,
+    S: Future<Output = ControlFlow<Result<T, E>>>,
+{
     type Output = ControlFlow<Result<T, E>>;
 
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.get_mut().0 {
-            Settled::Done(value) => Poll::Ready(ControlFlow::Break(Ok(value
-                .take()
-                .expect("`Settle` polled after completion")))),
-            Settled::Failed(wait) => wait.as_mut().poll(cx),
+        // SAFETY: only `future` is pinned structurally: it is never moved out of `self`, `Step`
+        // has no `Drop` that could move it, and `Step` is `Unpin` only when `F` is. Every other
+        // field is moved freely, as nothing pins them.
+        let this = unsafe { self.get_unchecked_mut() };
+        if let Some(failing) = &mut this.failing {
+            return failing.as_mut().poll(cx);
+        }
+        let future = unsafe { Pin::new_unchecked(&mut this.future) };
+        let polled = {
+            #[cfg(feature = "tracing")]
+            let _entered = this.span.as_ref().map(tracing::Span::enter);
+            future.poll(cx)
+        };
+        let retry = this
+            .retry
+            .as_deref_mut()
+            .expect("`Step` polled after completion");
+        match polled {
+            Poll::Pending => {
+                retry.stamp();
+                Poll::Pending
+            }
+            Poll::Ready(Ok(value)) => {
+                retry.succeeded();
+                this.retry = None;
+                Poll::Ready(ControlFlow::Break(Ok(value)))
+            }
+            Poll::Ready(Err(error)) => {
+                retry.stamp();
+                let classify = this.classify.take().expect("classified once");
+                let verdict = classify(&error).into();
+                let retry = this.retry.take().expect("checked above");
+                let failing =
+                    this.failing
+                        .insert(Box::pin((this.fail)(retry, error, Origin::Body, verdict)));
+                failing.as_mut().poll(cx)
+            }
         }
     }
 }

@@ -23,26 +23,26 @@ pub async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError
         &__JOBGUARD_POLICY,
     );
     loop {
-        let __jobguard_attempt = __jobguard_retry
-            .attempt(async {
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::let_unit_value,
-                    clippy::unreachable,
-                    clippy::empty_loop,
-                    clippy::needless_return
-                )]
-                if false {
-                    let __jobguard_return: Result<Receipt, GatewayError> = loop {};
-                    return __jobguard_return;
-                }
-                gateway().capture(order_id, amount).await
-            })
-            .await;
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .settle(__jobguard_attempt, ::jobguard::__private::transient)
+            .attempt(
+                async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __jobguard_return: Result<Receipt, GatewayError> = loop {};
+                        return __jobguard_return;
+                    }
+                    gateway().capture(order_id, amount).await
+                },
+                ::jobguard::__private::transient,
+            )
             .await
         {
             break __jobguard_done;

@@ -22,26 +22,26 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
         .breaker(&GATEWAY)
         .dead_letter(&DEAD_LETTERS);
     loop {
-        let __jobguard_attempt = __jobguard_retry
-            .attempt_guarded(async {
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::let_unit_value,
-                    clippy::unreachable,
-                    clippy::empty_loop,
-                    clippy::needless_return
-                )]
-                if false {
-                    let __jobguard_return: Result<Receipt, GatewayError> = loop {};
-                    return __jobguard_return;
-                }
-                gateway().capture(order_id, 100).await
-            })
-            .await;
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .settle(__jobguard_attempt, ::jobguard::__private::transient)
+            .attempt_guarded(
+                async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __jobguard_return: Result<Receipt, GatewayError> = loop {};
+                        return __jobguard_return;
+                    }
+                    gateway().capture(order_id, 100).await
+                },
+                ::jobguard::__private::transient,
+            )
             .await
         {
             break __jobguard_done;

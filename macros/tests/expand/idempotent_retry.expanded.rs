@@ -11,10 +11,11 @@
 
 async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
     let __jobguard_key = ::jobguard::__private::key(&(order_id));
-    ::jobguard::__private::Idempotent::new(
-            ::core::concat!(::core::module_path!(), "::charge"),
-            &__jobguard_key,
-        )
+    let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
+        ::core::concat!(::core::module_path!(), "::charge"),
+        &__jobguard_key,
+    );
+    __jobguard_idempotent
         .run(async {
             static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
                 ::core::concat!(::core::module_path!(), "::charge"),
@@ -30,26 +31,26 @@ async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
                 )
                 .key(&__jobguard_key);
             loop {
-                let __jobguard_attempt = __jobguard_retry
-                    .attempt(async {
-                        #[allow(
-                            unknown_lints,
-                            unreachable_code,
-                            clippy::diverging_sub_expression,
-                            clippy::let_unit_value,
-                            clippy::unreachable,
-                            clippy::empty_loop,
-                            clippy::needless_return
-                        )]
-                        if false {
-                            let __jobguard_return: Result<Receipt, GatewayError> = loop {};
-                            return __jobguard_return;
-                        }
-                        gateway().capture(order_id, amount).await
-                    })
-                    .await;
                 if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                    .settle(__jobguard_attempt, ::jobguard::__private::transient)
+                    .attempt(
+                        async {
+                            #[allow(
+                                unknown_lints,
+                                unreachable_code,
+                                clippy::diverging_sub_expression,
+                                clippy::let_unit_value,
+                                clippy::unreachable,
+                                clippy::empty_loop,
+                                clippy::needless_return
+                            )]
+                            if false {
+                                let __jobguard_return: Result<Receipt, GatewayError> = loop {};
+                                return __jobguard_return;
+                            }
+                            gateway().capture(order_id, amount).await
+                        },
+                        ::jobguard::__private::transient,
+                    )
                     .await
                 {
                     break __jobguard_done;

@@ -21,27 +21,30 @@ async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
         &__JOBGUARD_POLICY,
     );
     loop {
-        let __jobguard_attempt = __jobguard_retry
-            .attempt(async {
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::let_unit_value,
-                    clippy::unreachable,
-                    clippy::empty_loop,
-                    clippy::needless_return
-                )]
-                if false {
-                    let __jobguard_return: Result<(), GatewayError> = loop {};
-                    return __jobguard_return;
-                }
-                let receipt = self.receipts.get(order_id).ok_or(GatewayError::Unknown)?;
-                self.gateway.refund(receipt).await
-            })
-            .await;
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .settle(__jobguard_attempt, ::jobguard::__private::transient)
+            .attempt(
+                async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __jobguard_return: Result<(), GatewayError> = loop {};
+                        return __jobguard_return;
+                    }
+                    let receipt = self
+                        .receipts
+                        .get(order_id)
+                        .ok_or(GatewayError::Unknown)?;
+                    self.gateway.refund(receipt).await
+                },
+                ::jobguard::__private::transient,
+            )
             .await
         {
             break __jobguard_done;

@@ -286,10 +286,10 @@ impl RedisDeadLetters {
     /// # drop(redriven);
     /// # }
     /// ```
-    pub async fn redrive<F, Fut, E>(&self, id: &str, job: F) -> Result<bool, RedriveError<E>>
+    pub async fn redrive<F, Fut, T, E>(&self, id: &str, job: F) -> Result<bool, RedriveError<E>>
     where
         F: FnOnce(DeadLetter) -> Fut,
-        Fut: Future<Output = Result<(), E>>,
+        Fut: Future<Output = Result<T, E>>,
     {
         let Some(letter) = self.get(id).await.map_err(RedriveError::Store)? else {
             return Ok(false);
