@@ -89,7 +89,18 @@ pub(crate) fn has_subscriber() -> bool {
 }
 
 /// The tracing view of one event, raised in the job's span when there is one.
+#[inline]
 pub(crate) fn record(event: &Event<'_>) {
+    // No subscriber wants anything (or none is set): one load, and nothing else.
+    if ::tracing::level_filters::LevelFilter::current()
+        == ::tracing::level_filters::LevelFilter::OFF
+    {
+        return;
+    }
+    record_enabled(event);
+}
+
+fn record_enabled(event: &Event<'_>) {
     match *event {
         // Recorded on the job's span by the loop itself.
         Event::Attempt { .. } => {}
