@@ -29,11 +29,6 @@ pub struct Retry<'a> {
     policy: &'a Policy,
     breaker: Option<&'a CircuitBreaker>,
     sink: Option<&'a dyn DeadLetterSink>,
-    /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
-    /// in a process where no runtime has an observer never looks it up.
-    runtime: ManuallyDrop<Option<Current>>,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]).
-    installed: Option<&'static Runtime>,
     attempt: u32,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
     started: Option<Instant>,
@@ -42,26 +37,81 @@ pub struct Retry<'a> {
     last_wall: Option<SystemTime>,
     /// Whether the current attempt's wall-clock start has been taken.
     stamped: bool,
-    permit: ManuallyDrop<Option<Permit<'a>>>,
     payload: Option<&'a dyn Payload>,
-    /// What only a failure needs, allocated at the first one.
-    failures: ManuallyDrop<Option<Box<Failures>>>,
-    /// Whether `runtime`, `permit` or `failures` may hold something to drop: a call that
-    /// succeeds at once without a breaker or an observer drops nothing, and checks only this.
-    held: bool,
+    /// The runtime handle, the breaker permit and the failure state: what the call may own.
+    held: Held<'a>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
 }
 
-impl Drop for Retry<'_> {
+/// What a call may come to own, each part made only when it is needed, behind one flag: a call
+/// that succeeds at once without a breaker or an observer owns none of them, and dropping its
+/// state is one branch. Every part is set through a method here, so the flag cannot be missed.
+struct Held<'a> {
+    /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
+    /// in a process where no runtime has an observer never looks it up.
+    runtime: ManuallyDrop<Option<Current>>,
+    /// The installed runtime when the call started, if any (see [`Current::installed`]).
+    installed: Option<&'static Runtime>,
+    permit: ManuallyDrop<Option<Permit<'a>>>,
+    /// What only a failure needs, allocated at the first one.
+    failures: ManuallyDrop<Option<Box<Failures>>>,
+    /// Whether any of the three may be `Some`.
+    any: bool,
+}
+
+impl<'a> Held<'a> {
+    #[inline]
+    fn new() -> Self {
+        Held {
+            runtime: ManuallyDrop::new(None),
+            installed: Current::installed(),
+            permit: ManuallyDrop::new(None),
+            failures: ManuallyDrop::new(None),
+            any: false,
+        }
+    }
+
+    /// The runtime in scope.
+    fn runtime(&mut self) -> &Runtime {
+        self.any = true;
+        let installed = self.installed;
+        self.runtime
+            .get_or_insert_with(|| Current::with_installed(installed))
+    }
+
+    /// The failure state, made at the first failure; `base` seeds decorrelated jitter.
+    fn failures(&mut self, base: Duration) -> &mut Failures {
+        self.any = true;
+        self.failures.get_or_insert_with(|| Failures::new(base))
+    }
+
+    /// Both at once, for the jitter's random stream.
+    fn runtime_and_failures(&mut self, base: Duration) -> (&Runtime, &mut Failures) {
+        self.any = true;
+        let installed = self.installed;
+        let runtime = self
+            .runtime
+            .get_or_insert_with(|| Current::with_installed(installed));
+        let failures = self.failures.get_or_insert_with(|| Failures::new(base));
+        (runtime, failures)
+    }
+
+    fn set_permit(&mut self, permit: Permit<'a>) {
+        self.any = true;
+        *self.permit = Some(permit);
+    }
+
+    #[inline]
+    fn take_permit(&mut self) -> Option<Permit<'a>> {
+        self.permit.take()
+    }
+}
+
+impl Drop for Held<'_> {
     #[inline]
     fn drop(&mut self) {
-        debug_assert!(
-            self.held
-                || (self.permit.is_none() && self.failures.is_none() && self.runtime.is_none()),
-            "`held` must be set before any owned part is"
-        );
-        if self.held {
+        if self.any {
             // SAFETY: each is dropped once, here, and never used after.
             unsafe {
                 ManuallyDrop::drop(&mut self.permit);
@@ -122,17 +172,13 @@ impl<'a> Retry<'a> {
             policy,
             breaker: None,
             sink: None,
-            runtime: ManuallyDrop::new(None),
-            installed: Current::installed(),
             attempt: 0,
             started: None,
             first_wall: None,
             last_wall: None,
             stamped: false,
-            permit: ManuallyDrop::new(None),
             payload: None,
-            failures: ManuallyDrop::new(None),
-            held: false,
+            held: Held::new(),
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
         }
@@ -181,15 +227,7 @@ impl<'a> Retry<'a> {
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
         let runtime = match crate::observe::observed() {
-            true => {
-                self.held = true;
-                let installed = self.installed;
-                Some(
-                    &**self
-                        .runtime
-                        .get_or_insert_with(|| Current::with_installed(installed)),
-                )
-            }
+            true => Some(self.held.runtime()),
             false => None,
         };
         #[cfg(feature = "tracing")]
@@ -200,20 +238,10 @@ impl<'a> Retry<'a> {
         }
     }
 
-    /// The runtime in scope.
-    fn runtime(&mut self) -> &Runtime {
-        self.held = true;
-        let installed = self.installed;
-        self.runtime
-            .get_or_insert_with(|| Current::with_installed(installed))
-    }
-
     /// The failure state, made at the first failure.
     #[cold]
     fn failures(&mut self) -> &mut Failures {
-        let base = self.policy.base;
-        self.held = true;
-        self.failures.get_or_insert_with(|| Failures::new(base))
+        self.held.failures(self.policy.base)
     }
 
     /// The number the next attempt will have, from 1.
@@ -329,10 +357,7 @@ impl<'a> Retry<'a> {
     {
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
-                Ok(permit) => {
-                    self.held = true;
-                    *self.permit = Some(permit);
-                }
+                Ok(permit) => self.held.set_permit(permit),
                 Err(retry_in) => {
                     // Refused: no attempt is made or counted.
                     return Attempted {
@@ -416,7 +441,7 @@ impl<'a> Retry<'a> {
     /// Books a success: the breaker's permit, the event.
     #[inline]
     fn succeeded(&mut self) {
-        if let Some(permit) = self.permit.take() {
+        if let Some(permit) = self.held.take_permit() {
             permit.success();
         }
         if Self::observing() {
@@ -438,7 +463,7 @@ impl<'a> Retry<'a> {
         self.failures().trail.failed(&error);
         // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
         // nothing about the dependency's health: its permit is dropped here, neutral.
-        if let Some(permit) = self.permit.take()
+        if let Some(permit) = self.held.take_permit()
             && (verdict.is_retryable() || origin == Origin::Budget)
         {
             permit.failure();
@@ -492,13 +517,7 @@ impl<'a> Retry<'a> {
         if !p.jitter.is_random() {
             return curve;
         }
-        self.held = true;
-        let installed = self.installed;
-        let runtime = self
-            .runtime
-            .get_or_insert_with(|| Current::with_installed(installed));
-        let base = p.base;
-        let failures = self.failures.get_or_insert_with(|| Failures::new(base));
+        let (runtime, failures) = self.held.runtime_and_failures(p.base);
         let rng = failures.rng.get_or_insert_with(|| runtime.rng());
         p.jitter
             .apply(curve, failures.previous_delay, p.base, p.cap, rng)
@@ -525,7 +544,7 @@ impl<'a> Retry<'a> {
         let span = self.span.handle(self.job, self.key);
         let send = match self.sink {
             Some(sink) => sink.send(letter),
-            None => self.runtime().inner.dead_letters.send(letter),
+            None => self.held.runtime().inner.dead_letters.send(letter),
         };
         #[cfg(feature = "tracing")]
         let send = tracing::Instrument::instrument(send, span.unwrap_or_else(tracing::Span::none));
