@@ -54,6 +54,8 @@ pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PgStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 pub use store::{Claim, Store, StoreKey};
