@@ -192,7 +192,7 @@ impl PgServer {
         let log = self.dir.join("postgres.log");
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off -c max_connections=200",
+             -c full_page_writes=off -c max_connections=200 -c deadlock_timeout=100ms",
             self.port,
             self.dir.display()
         );

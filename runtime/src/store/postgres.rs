@@ -208,7 +208,11 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     /// commits it.
     ///
     /// `conn` is a `&mut sqlx::Transaction<'_, Postgres>` or a `&mut PgConnection` inside a
-    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`); the body gets it back.
+    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). The body gets the
+    /// connection back as a `&mut PgConnection` (write `&mut *tx` for its statements), whichever
+    /// of the two was given: a closure over `&mut Transaction<'t, _>` would tie the future to the
+    /// transaction's lifetime in a way the compiler cannot prove `Send`, so such a future could
+    /// not be spawned.
     ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
@@ -218,10 +222,10 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     /// let receipt: Result<i64, sqlx::Error> = PgStore::in_transaction(&mut tx, "ledger.transfer", "t-42")
     ///     .run(async |tx| {
     ///         sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-    ///             .execute(&mut **tx)
+    ///             .execute(&mut *tx)
     ///             .await?;
     ///         sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
-    ///             .execute(&mut **tx)
+    ///             .execute(&mut *tx)
     ///             .await?;
     ///         Ok(10)
     ///     })
@@ -239,9 +243,9 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
         conn: &'c mut C,
         scope: &'c str,
         key: &'c str,
-    ) -> InTransaction<'c, C> {
+    ) -> InTransaction<'c> {
         InTransaction {
-            conn,
+            conn: conn.connection(),
             scope: if scope.contains("::") {
                 Cow::Owned(scope.replace("::", "."))
             } else {
@@ -467,15 +471,15 @@ impl TransactionConnection for sqlx::Transaction<'_, Postgres> {
 /// One idempotent call in the caller's transaction: made by [`PgStore::in_transaction`], run by
 /// [`run`](Self::run).
 #[must_use]
-pub struct InTransaction<'c, C: TransactionConnection> {
-    conn: &'c mut C,
+pub struct InTransaction<'c> {
+    conn: &'c mut PgConnection,
     scope: Cow<'c, str>,
     key: &'c str,
     ttl: Duration,
     fingerprint: Option<String>,
 }
 
-impl<C: TransactionConnection> std::fmt::Debug for InTransaction<'_, C> {
+impl std::fmt::Debug for InTransaction<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InTransaction")
             .field("scope", &self.scope)
@@ -485,7 +489,7 @@ impl<C: TransactionConnection> std::fmt::Debug for InTransaction<'_, C> {
     }
 }
 
-impl<'c, C: TransactionConnection> InTransaction<'c, C> {
+impl InTransaction<'_> {
     /// How long the committed result is replayed (default 24 hours).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -544,7 +548,7 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
     ///             .run("ledger.transfer", async |_attempt| {
     ///                 savepoint(&mut *tx, async |tx| {
     ///                     sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-    ///                         .execute(&mut **tx)
+    ///                         .execute(&mut *tx)
     ///                         .await?;
     ///                     Ok::<_, MyError>(())
     ///                 })
@@ -562,7 +566,7 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
     /// transaction instead, around the code that begins it.
     pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
     where
-        F: AsyncFnOnce(&mut C) -> Result<T, E>,
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
         T: crate::__private::Replayable,
         E: crate::__private::FromJobguard,
     {
@@ -573,7 +577,7 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
             ttl,
             fingerprint,
         } = self;
-        if !conn.connection().is_in_transaction() {
+        if !conn.is_in_transaction() {
             return Err(E::from(Error::Store(
                 "PgStore::in_transaction needs a connection inside a transaction \
                  (pass the transaction from pool.begin())"
@@ -583,15 +587,9 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
-        match claim_in(
-            conn.connection(),
-            &scope,
-            &stored,
-            &token,
-            fingerprint.as_deref(),
-        )
-        .await
-        .map_err(E::from)?
+        match claim_in(&mut *conn, &scope, &stored, &token, fingerprint.as_deref())
+            .await
+            .map_err(E::from)?
         {
             Found::Acquired => {}
             Found::Completed(bytes) => return decode::<T>(&bytes).map_err(E::from),
@@ -612,7 +610,7 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
                     .bind(&token)
                     .bind(&record)
                     .bind(micros(ttl))
-                    .execute(conn.connection())
+                    .execute(&mut *conn)
                     .await
                     .map_err(|e| E::from(store_error("storing the result failed", &e)))?;
                 Ok(value)
@@ -623,7 +621,7 @@ impl<'c, C: TransactionConnection> InTransaction<'c, C> {
                     .bind(&*scope)
                     .bind(&*stored)
                     .bind(&token)
-                    .execute(conn.connection())
+                    .execute(&mut *conn)
                     .await;
                 Err(error)
             }
@@ -747,28 +745,27 @@ WHERE scope = $1 AND key = $2 AND token = $3
 /// A savepoint that cannot be made or ended is [`Error::Store`] in the job's error type. If the
 /// future is dropped while `work` runs, the savepoint stays open inside the transaction: roll the
 /// transaction back.
-pub async fn savepoint<C, T, E, F>(conn: &mut C, work: F) -> Result<T, E>
+pub async fn savepoint<T, E, F>(conn: &mut PgConnection, work: F) -> Result<T, E>
 where
-    C: TransactionConnection,
-    F: AsyncFnOnce(&mut C) -> Result<T, E>,
+    F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     E: From<Error>,
 {
     let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
     sqlx::query("SAVEPOINT jobguard_attempt")
-        .execute(conn.connection())
+        .execute(&mut *conn)
         .await
         .map_err(|e| fail("savepoint failed", e))?;
     match work(&mut *conn).await {
         Ok(value) => {
             sqlx::query("RELEASE SAVEPOINT jobguard_attempt")
-                .execute(conn.connection())
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| fail("releasing the savepoint failed", e))?;
             Ok(value)
         }
         Err(error) => {
             sqlx::query("ROLLBACK TO SAVEPOINT jobguard_attempt")
-                .execute(conn.connection())
+                .execute(&mut *conn)
                 .await
                 .map_err(|e| fail("rolling back to the savepoint failed", e))?;
             Err(error)
