@@ -190,8 +190,10 @@ impl PgServer {
     fn pg_ctl_start(&mut self) -> bool {
         let data = self.data_dir();
         let log = self.dir.join("postgres.log");
+        // `fsync=off`: a committed transaction survives the server's crash (`stop`), which the
+        // tests use, though not the machine's. `synchronous_commit` stays on for that reason.
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
              -c full_page_writes=off -c max_connections=200 -c deadlock_timeout=100ms",
             self.port,
             self.dir.display()
