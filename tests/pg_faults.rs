@@ -40,7 +40,10 @@ async fn a_stopped_database_fails_closed_and_the_same_store_works_once_it_is_bac
     assert_eq!(ran.load(Ordering::Relaxed), 1, "the body did not run");
     let claim = store
         .claim(
-            StoreKey { scope: "s", key: "k" },
+            StoreKey {
+                scope: "s",
+                key: "k",
+            },
             "t",
             None,
             Duration::from_secs(5),
