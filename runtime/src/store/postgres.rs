@@ -215,30 +215,38 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     /// not be spawned.
     ///
     /// ```no_run
-    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
     /// use jobguard::PgStore;
     ///
-    /// let mut tx = pool.begin().await?;
-    /// let receipt: Result<i64, sqlx::Error> = PgStore::in_transaction(&mut tx, "ledger.transfer", "t-42")
-    ///     .run(async |tx| {
-    ///         sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-    ///             .execute(&mut *tx)
-    ///             .await?;
-    ///         sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
-    ///             .execute(&mut *tx)
-    ///             .await?;
-    ///         Ok(10)
-    ///     })
-    ///     .await;
-    /// receipt?;
-    /// tx.commit().await?; // the transfer and its key, together
-    /// # Ok(()) }
-    /// # impl From<jobguard::Error> for MyError { fn from(_: jobguard::Error) -> Self { MyError } }
-    /// # struct MyError;
-    /// ```
+    /// /// The job's own error: the database's, or jobguard's (a key reused, the database gone).
+    /// #[derive(Debug)]
+    /// enum TransferError {
+    ///     Db(sqlx::Error),
+    ///     Guard(jobguard::Error),
+    /// }
+    /// impl From<sqlx::Error> for TransferError {
+    ///     fn from(e: sqlx::Error) -> Self { TransferError::Db(e) }
+    /// }
+    /// impl From<jobguard::Error> for TransferError {
+    ///     fn from(e: jobguard::Error) -> Self { TransferError::Guard(e) }
+    /// }
     ///
-    /// (`sqlx::Error` cannot carry [`Error`]; the example's error type is the job's own, with
-    /// `From<jobguard::Error>`, in real code.)
+    /// async fn transfer(pool: &sqlx::PgPool, id: &str) -> Result<i64, TransferError> {
+    ///     let mut tx = pool.begin().await?;
+    ///     let moved = PgStore::in_transaction(&mut tx, "ledger.transfer", id)
+    ///         .run(async |tx| {
+    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok(10)
+    ///         })
+    ///         .await?;
+    ///     tx.commit().await?; // the transfer, its key and its result, together
+    ///     Ok(moved)
+    /// }
+    /// ```
     pub fn in_transaction<'c, C: TransactionConnection>(
         conn: &'c mut C,
         scope: &'c str,
