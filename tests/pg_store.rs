@@ -493,3 +493,65 @@ async fn a_clone_shares_the_pool_and_an_unreachable_url_is_a_store_error() {
     let bad = PgStore::connect("not a url").await;
     assert!(matches!(bad, Err(Error::Store(_))), "{bad:?}");
 }
+
+#[tokio::test]
+async fn sqlx_errors_from_the_server_are_transient_or_permanent_by_their_code() {
+    use jobguard::{Transient, Verdict};
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let store = connect(&server).await;
+    let pool = store.pool();
+    let raise = |code: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::raw_sql(match code {
+                "40001" => {
+                    "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'serialization_failure'; END $$"
+                }
+                "40P01" => {
+                    "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'deadlock_detected'; END $$"
+                }
+                "55P03" => {
+                    "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'lock_not_available'; END $$"
+                }
+                _ => "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'check_violation'; END $$",
+            })
+            .execute(&pool)
+            .await
+            .unwrap_err()
+        }
+    };
+    for code in ["40001", "40P01", "55P03"] {
+        assert_eq!(raise(code).await.verdict(), Verdict::Retry, "{code}");
+    }
+    assert_eq!(raise("23514").await.verdict(), Verdict::Fail);
+    sqlx::raw_sql("CREATE TABLE u (id int PRIMARY KEY CHECK (id > 0)); INSERT INTO u VALUES (1)")
+        .execute(pool)
+        .await
+        .unwrap();
+    for sql in [
+        "INSERT INTO u VALUES (1)",
+        "INSERT INTO u VALUES (-1)",
+        "SELECT nope",
+    ] {
+        let e = sqlx::query(sql).execute(pool).await.unwrap_err();
+        assert_eq!(e.verdict(), Verdict::Fail, "{sql}: {e}");
+    }
+    // A connection the server cut: transient.
+    let mut conn = pool.acquire().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(pool)
+        .await
+        .unwrap();
+    let cut = sqlx::query("SELECT 1")
+        .execute(&mut *conn)
+        .await
+        .unwrap_err();
+    assert_eq!(cut.verdict(), Verdict::Retry, "{cut:?}");
+}

@@ -247,6 +247,17 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn sqlx_errors_without_a_server() {
+        let lost = sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset));
+        assert_eq!(lost.verdict(), Verdict::Retry);
+        assert_eq!(sqlx::Error::PoolTimedOut.verdict(), Verdict::Retry);
+        assert_eq!(sqlx::Error::PoolClosed.verdict(), Verdict::Fail);
+        assert_eq!(sqlx::Error::RowNotFound.verdict(), Verdict::Fail);
+        assert_eq!(sqlx::Error::Protocol("bad".into()).verdict(), Verdict::Fail);
+    }
+
     #[test]
     fn runtime_errors() {
         assert_eq!(crate::Error::InProgress.verdict(), Verdict::Retry);

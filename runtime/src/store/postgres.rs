@@ -240,7 +240,7 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     ///             sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
     ///                 .execute(&mut *tx)
     ///                 .await?;
-    ///             Ok(10)
+    ///             Ok::<_, TransferError>(10)
     ///         })
     ///         .await?;
     ///     tx.commit().await?; // the transfer, its key and its result, together
