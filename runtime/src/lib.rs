@@ -171,8 +171,12 @@ pub mod __private {
     pub use crate::idempotent::Idempotent;
     pub use crate::observe::Job;
     pub use crate::retry::Retry;
+    #[cfg(feature = "postgres")]
+    pub use crate::store::postgres::{PgStore, savepoint};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
+    #[cfg(feature = "postgres")]
+    pub use sqlx::PgConnection;
 
     use crate::{Transient, Verdict};
 
