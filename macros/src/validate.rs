@@ -272,12 +272,12 @@ fn transaction(func: &ItemFn, args: &IdempotentArgs, tx: &Expr, errors: &mut Err
     };
     let typed = func.sig.inputs.iter().find_map(|input| match input {
         FnArg::Typed(t) => match &*t.pat {
-            Pat::Ident(i) if i.ident == *name => Some(&*t.ty),
+            Pat::Ident(i) if i.ident == *name => Some((&i.ident, &*t.ty)),
             _ => None,
         },
         FnArg::Receiver(_) => None,
     });
-    let Some(ty) = typed else {
+    let Some((param, ty)) = typed else {
         let params = parameter_names(func);
         let near = crate::args::nearest(
             &name.to_string(),
@@ -297,8 +297,9 @@ fn transaction(func: &ItemFn, args: &IdempotentArgs, tx: &Expr, errors: &mut Err
         return;
     };
     if !is_transaction_type(ty) {
+        // On the parameter's name: a type's span is only its first token on stable Rust.
         errors.at(
-            ty.span(),
+            param.span(),
             format!(
                 "`transaction = {name}` needs `{name}` to be {TYPES}, and it is `{}`: the key is \
                  written in that transaction, which the caller commits",
