@@ -289,7 +289,7 @@ async fn a_sigkilled_job_blocks_its_key_for_one_lease_and_not_before() {
     let pttl = async |store: &RedisStore| -> i64 {
         redis::cmd("PTTL")
             .arg(&rk)
-            .query_async(&mut store.manager())
+            .query_async(&mut store.connection())
             .await
             .unwrap()
     };

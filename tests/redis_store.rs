@@ -29,7 +29,7 @@ async fn connect(server: &RedisServer) -> RedisStore {
 
 /// Runs a raw command on the store's own connection.
 async fn raw<T: redis::FromRedisValue>(store: &RedisStore, cmd: &mut redis::Cmd) -> T {
-    cmd.query_async(&mut store.manager())
+    cmd.query_async(&mut store.connection())
         .await
         .expect("raw command")
 }
