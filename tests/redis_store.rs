@@ -48,8 +48,7 @@ async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic() {
     let Some(backend) = single_node().await else {
         return;
     };
-    conformance::a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(&backend.store)
-        .await;
+    conformance::a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(&backend.store).await;
 }
 
 #[test]

@@ -261,7 +261,9 @@ impl RedisCluster {
             seen = format!("{views:?}");
             std::thread::sleep(POLL);
         }
-        panic!("no failover of the master on port {dead_port} within {READY_WITHIN:?}; last seen: {seen}");
+        panic!(
+            "no failover of the master on port {dead_port} within {READY_WITHIN:?}; last seen: {seen}"
+        );
     }
 
     /// The live master that was the replica of the master on `dead_port`: the only live master
@@ -462,7 +464,9 @@ fn cluster_info(port: u16) -> ClusterInfo {
     };
     ClusterInfo {
         state_ok: field("cluster_state") == Some("ok"),
-        slots_ok: field("cluster_slots_ok").and_then(|v| v.parse().ok()).unwrap_or(0),
+        slots_ok: field("cluster_slots_ok")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         known_nodes: field("cluster_known_nodes")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0),
@@ -478,7 +482,9 @@ fn replica_in_sync(port: u16) -> bool {
         return true;
     }
     text.lines().any(|l| l.trim() == "master_link_status:up")
-        && text.lines().any(|l| l.trim() == "master_sync_in_progress:0")
+        && text
+            .lines()
+            .any(|l| l.trim() == "master_sync_in_progress:0")
 }
 
 /// `CLUSTER NODES` lines: `id ip:port@cport flags master ping pong epoch link slot...`.

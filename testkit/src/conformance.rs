@@ -559,7 +559,10 @@ pub async fn race<S: Store + Clone + 'static>(store: &S, tag: &str) -> Vec<(Stri
                     scope: "tests.conformance.race",
                     key: &key,
                 };
-                match store.claim(key, &token, None, Duration::from_secs(120)).await {
+                match store
+                    .claim(key, &token, None, Duration::from_secs(120))
+                    .await
+                {
                     Ok(Claim::Acquired) => won.push((token.clone(), k)),
                     Ok(Claim::InProgress { .. }) => {}
                     other => panic!("claim of {k}: {other:?}"),
@@ -669,9 +672,7 @@ async fn deliver_all<S: Store + Clone + 'static>(
 
 /// 8 concurrent deliveries of 200 keys through `#[idempotent]`: each body runs once, and every
 /// delivery of an order gets the same receipt.
-pub async fn eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once<B: Backend>(
-    b: &B,
-) {
+pub async fn eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once<B: Backend>(b: &B) {
     let store = b.store();
     let ledger = Ledger::new(KEYS);
     let got = deliver_all(&store, &ledger, "task").await;

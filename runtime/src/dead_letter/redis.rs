@@ -185,7 +185,8 @@ impl RedisDeadLetters {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let connection = RedisConnection::connect_cluster(RedisStore::cluster_builder(nodes)).await?;
+        let connection =
+            RedisConnection::connect_cluster(RedisStore::cluster_builder(nodes)).await?;
         Ok(Self::new(connection, stream_key))
     }
 

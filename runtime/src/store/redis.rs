@@ -121,7 +121,10 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("cluster", &matches!(self.connection, RedisConnection::Cluster(_)))
+            .field(
+                "cluster",
+                &matches!(self.connection, RedisConnection::Cluster(_)),
+            )
             .finish_non_exhaustive()
     }
 }
