@@ -83,9 +83,10 @@
 //!   that a scope or a key itself contains acts as a hash tag, as Redis defines it.)
 //! * `MOVED` and `ASK` during a slot migration are followed by the connection, and a script that
 //!   the new node lacks is loaded on `NOSCRIPT`: callers see nothing of a resharding.
-//! * While a master is down, calls on its slots fail closed with [`Error::Store`] (after a few
-//!   quick retries) and calls on the other masters' slots go on. Once its replica is promoted,
-//!   the connection finds the new master and the same store works again.
+//! * While a master is down, calls on its slots fail closed with [`Error::Store`] after a few
+//!   quick retries (and once the other nodes mark it failed, the whole cluster refuses commands
+//!   until its replica is promoted, unless `cluster-require-full-coverage` is `no`). After the
+//!   promotion the connection finds the new master, and the same store works again.
 //! * Replication is asynchronous, as everywhere in Redis: a claim or a result that a master
 //!   acknowledged in the instant before it died may not have reached its replica, and is then
 //!   lost in the failover (so that key can run again).
@@ -246,9 +247,10 @@ impl RedisStore {
     /// enough, the others are found from it), with [`RedisStore::cluster_builder`]'s settings.
     ///
     /// Every script touches one key, so claims stay atomic per key on a cluster, and keys spread
-    /// over the slots (no hash tag piles them into one). A node that cannot be reached fails the
-    /// calls on its slots with [`Error::Store`] until its replica is promoted; the connection
-    /// then finds the new master, and the same store works again.
+    /// over the slots (no hash tag piles them into one). A master that cannot be reached fails
+    /// the calls on its slots with [`Error::Store`] until its replica is promoted; the
+    /// connection then finds the new master, and the same store works again. See the
+    /// [module docs](self#redis-cluster).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), jobguard::Error> {
