@@ -10,11 +10,21 @@ mod cluster;
 #[path = "../testkit/src/conformance.rs"]
 mod conformance;
 
-use cluster::{NodeInfo, RedisCluster, Reply, key_slot, query};
+use cluster::{NodeInfo, RedisCluster, Reply, SLOTS, crc16, key_slot, query};
 use conformance::{Backend as _, RedisBackend};
 use jobguard::{Claim, DeadLetter, Error, GiveUp, RedisDeadLetters, RedisStore, Store, StoreKey};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
+
+#[test]
+fn the_test_kit_computes_slots_as_the_cluster_specification_does() {
+    // The specification's example: CRC16("123456789") is 0x31C3.
+    assert_eq!(crc16(b"123456789"), 0x31C3);
+    assert_eq!(key_slot(b"foo"), 12182);
+    assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+    assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
+    assert_eq!(key_slot(b"{}x"), crc16(b"{}x") % SLOTS);
+}
 
 async fn connect(cluster: &RedisCluster) -> RedisStore {
     let store = RedisStore::connect_cluster(cluster.urls())
