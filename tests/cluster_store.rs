@@ -10,7 +10,7 @@ mod cluster;
 #[path = "../testkit/src/conformance.rs"]
 mod conformance;
 
-use cluster::{NodeInfo, RedisCluster, Reply, SLOTS, crc16, key_slot, query};
+use cluster::{NodeInfo, Options, RedisCluster, Reply, SLOTS, crc16, key_slot, query};
 use conformance::{Backend as _, RedisBackend};
 use jobguard::{Claim, DeadLetter, Error, GiveUp, RedisDeadLetters, RedisStore, Store, StoreKey};
 use std::collections::BTreeMap;
@@ -176,4 +176,48 @@ async fn dead_letters_live_in_one_stream_on_the_master_of_its_slot() {
     let store = connect(&cluster).await;
     let shared = RedisDeadLetters::new(store.connection(), stream);
     assert_eq!(shared.len().await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_a_password_is_reached_through_urls_that_carry_it() {
+    let Some(cluster) = RedisCluster::start_with(Options {
+        password: Some("s3cret".into()),
+        ..Options::default()
+    }) else {
+        return;
+    };
+    let urls = cluster.urls();
+    assert!(urls[0].starts_with("redis://:s3cret@"), "{urls:?}");
+    let store = RedisStore::connect_cluster(&urls)
+        .await
+        .expect("connect with the password");
+    let k = StoreKey {
+        scope: "tests.cluster.auth",
+        key: "k",
+    };
+    assert_eq!(
+        store.claim(k, "t", None, Duration::from_secs(60)).await,
+        Ok(Claim::Acquired)
+    );
+    store
+        .complete(k, "t", b"r", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.claim(k, "u", None, Duration::from_secs(60)).await,
+        Ok(Claim::Completed(b"r".to_vec()))
+    );
+    let letters = RedisDeadLetters::connect_cluster(&urls, "jobguard:dead_letters")
+        .await
+        .expect("dead letters with the password");
+    letters.add(&letter(1)).await.unwrap();
+    assert_eq!(letters.len().await.unwrap(), 1);
+
+    // Without the password, or with a wrong one, no connection: a store error.
+    let bare: Vec<String> = urls.iter().map(|u| u.replace(":s3cret@", "")).collect();
+    let refused = RedisStore::connect_cluster(&bare).await;
+    assert!(matches!(refused, Err(Error::Store(_))), "{refused:?}");
+    let wrong: Vec<String> = urls.iter().map(|u| u.replace("s3cret", "wrong")).collect();
+    let refused = RedisStore::connect_cluster(&wrong).await;
+    assert!(matches!(refused, Err(Error::Store(_))), "{refused:?}");
 }

@@ -48,12 +48,16 @@ pub struct Options {
     /// replica is promoted. Short, so that a failover test takes seconds; long enough that a
     /// busy machine does not fail over by accident.
     pub node_timeout_ms: u32,
+    /// `requirepass` (and `masterauth`) on every node: clients authenticate with this password
+    /// (the URLs carry it).
+    pub password: Option<String>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             node_timeout_ms: 5000,
+            password: None,
         }
     }
 }
@@ -161,11 +165,17 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.port).collect()
     }
 
-    /// `redis://127.0.0.1:PORT/` of every node: seed nodes for a cluster client.
+    /// `redis://127.0.0.1:PORT/` of every node (`redis://:PASSWORD@127.0.0.1:PORT/` with a
+    /// password): seed nodes for a cluster client.
     pub fn urls(&self) -> Vec<String> {
+        let auth = self
+            .options
+            .password
+            .as_ref()
+            .map_or_else(String::new, |pw| format!(":{pw}@"));
         self.ports()
             .into_iter()
-            .map(|p| format!("redis://127.0.0.1:{p}/"))
+            .map(|p| format!("redis://{auth}127.0.0.1:{p}/"))
             .collect()
     }
 
@@ -185,7 +195,7 @@ impl RedisCluster {
     /// When no live node answers.
     pub fn topology(&self) -> Vec<NodeInfo> {
         for port in self.live_ports() {
-            if let Ok(Reply::Bulk(text)) = query(port, &["CLUSTER", "NODES"]) {
+            if let Ok(Reply::Bulk(text)) = self.query(port, &["CLUSTER", "NODES"]) {
                 return parse_nodes(&text);
             }
         }
@@ -240,7 +250,7 @@ impl RedisCluster {
         while Instant::now() < deadline {
             let views: Vec<Vec<NodeInfo>> = live
                 .iter()
-                .filter_map(|&p| match query(p, &["CLUSTER", "NODES"]) {
+                .filter_map(|&p| match self.query(p, &["CLUSTER", "NODES"]) {
                     Ok(Reply::Bulk(text)) => Some(parse_nodes(&text)),
                     _ => None,
                 })
@@ -255,7 +265,7 @@ impl RedisCluster {
                         .sum();
                     covered == u32::from(SLOTS)
                 });
-            if promoted && live.iter().all(|&p| cluster_info(p).state_ok) {
+            if promoted && live.iter().all(|&p| self.cluster_info(p).state_ok) {
                 return self.promoted_master(&views[0], dead_port);
             }
             seen = format!("{views:?}");
@@ -292,6 +302,7 @@ impl RedisCluster {
     pub fn reshard(&self, from: &str, to: &str, slots: u16) {
         let seed = format!("127.0.0.1:{}", self.live_ports()[0]);
         let out = Command::new(&self.cli)
+            .args(self.cli_auth())
             .args(["--cluster", "reshard", &seed])
             .args(["--cluster-from", from, "--cluster-to", to])
             .args(["--cluster-slots", &slots.to_string()])
@@ -308,7 +319,35 @@ impl RedisCluster {
         self.wait_until_ready(self.live_ports().len());
     }
 
-    /// Spawns node `i` on free ports and waits until it answers `PING`.
+    /// [`query_as`] with the cluster's password.
+    pub fn query(&self, port: u16, args: &[&str]) -> std::io::Result<Reply> {
+        query_as(port, self.options.password.as_deref(), args)
+    }
+
+    fn bulk(&self, port: u16, args: &[&str]) -> Option<String> {
+        match self.query(port, args) {
+            Ok(Reply::Bulk(text)) => Some(text),
+            _ => None,
+        }
+    }
+
+    fn cluster_info(&self, port: u16) -> ClusterInfo {
+        cluster_info(self.bulk(port, &["CLUSTER", "INFO"]))
+    }
+
+    fn replica_in_sync(&self, port: u16) -> bool {
+        replica_in_sync(self.bulk(port, &["INFO", "replication"]))
+    }
+
+    /// `-a PASSWORD` for `redis-cli`, when there is one.
+    fn cli_auth(&self) -> Vec<String> {
+        match &self.options.password {
+            Some(pw) => vec!["-a".into(), pw.clone(), "--no-auth-warning".into()],
+            None => Vec::new(),
+        }
+    }
+
+    /// Spawns node `i` on free ports and waits until it answers as the process spawned.
     fn spawn_node(&self, i: usize) -> Node {
         let dir = self.dir.join(format!("node-{i}"));
         std::fs::create_dir_all(&dir)
@@ -319,7 +358,11 @@ impl RedisCluster {
             if port == bus_port {
                 continue;
             }
-            let child = Command::new(&self.server)
+            let mut cmd = Command::new(&self.server);
+            if let Some(pw) = &self.options.password {
+                cmd.args(["--requirepass", pw, "--masterauth", pw]);
+            }
+            let child = cmd
                 .args(["--port", &port.to_string()])
                 .args(["--cluster-enabled", "yes"])
                 .args(["--cluster-port", &bus_port.to_string()])
@@ -345,7 +388,7 @@ impl RedisCluster {
                 dir: dir.clone(),
                 child: Some(child),
             };
-            if wait_for_pid(&mut node) {
+            if wait_for_pid(&mut node, self.options.password.as_deref()) {
                 return node;
             }
         }
@@ -363,6 +406,7 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let out = Command::new(&self.cli)
+            .args(self.cli_auth())
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -384,18 +428,20 @@ impl RedisCluster {
         let mut last = String::new();
         while Instant::now() < deadline {
             let live = self.live_ports();
-            let infos: Vec<ClusterInfo> = live.iter().map(|&p| cluster_info(p)).collect();
+            let infos: Vec<ClusterInfo> = live.iter().map(|&p| self.cluster_info(p)).collect();
             let formed = infos
                 .iter()
                 .all(|i| i.state_ok && i.slots_ok == SLOTS && i.known_nodes >= known);
             // Every node has learned every other's role: no master without slots but a dead one.
-            let agreed = live.iter().all(|&p| match query(p, &["CLUSTER", "NODES"]) {
-                Ok(Reply::Bulk(text)) => parse_nodes(&text)
-                    .iter()
-                    .all(|n| n.failing || !n.master || !n.slots.is_empty()),
-                _ => false,
-            });
-            if formed && agreed && live.iter().all(|&p| replica_in_sync(p)) {
+            let agreed = live
+                .iter()
+                .all(|&p| match self.query(p, &["CLUSTER", "NODES"]) {
+                    Ok(Reply::Bulk(text)) => parse_nodes(&text)
+                        .iter()
+                        .all(|n| n.failing || !n.master || !n.slots.is_empty()),
+                    _ => false,
+                });
+            if formed && agreed && live.iter().all(|&p| self.replica_in_sync(p)) {
                 return;
             }
             last = format!("{infos:?}, roles agreed: {agreed}");
@@ -454,8 +500,8 @@ struct ClusterInfo {
     known_nodes: usize,
 }
 
-fn cluster_info(port: u16) -> ClusterInfo {
-    let Ok(Reply::Bulk(text)) = query(port, &["CLUSTER", "INFO"]) else {
+fn cluster_info(text: Option<String>) -> ClusterInfo {
+    let Some(text) = text else {
         return ClusterInfo::default();
     };
     let field = |name: &str| {
@@ -475,8 +521,8 @@ fn cluster_info(port: u16) -> ClusterInfo {
 }
 
 /// `true` for a master, and for a replica whose link to its master is up and not syncing.
-fn replica_in_sync(port: u16) -> bool {
-    let Ok(Reply::Bulk(text)) = query(port, &["INFO", "replication"]) else {
+fn replica_in_sync(text: Option<String>) -> bool {
+    let Some(text) = text else {
         return false;
     };
     if text.lines().any(|l| l.trim() == "role:master") {
@@ -538,16 +584,35 @@ pub enum Reply {
 
 /// Sends one command to the node on `port` on a fresh connection and reads its reply.
 pub fn query(port: u16, args: &[&str]) -> std::io::Result<Reply> {
+    query_as(port, None, args)
+}
+
+/// [`query`] after `AUTH password`, when there is one; an `AUTH` that fails is its reply.
+pub fn query_as(port: u16, password: Option<&str>, args: &[&str]) -> std::io::Result<Reply> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        request.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    let mut request = Vec::new();
+    let mut encode = |args: &[&str]| {
+        request.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+        for a in args {
+            request.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+    };
+    if let Some(pw) = password {
+        encode(&["AUTH", pw]);
     }
+    encode(args);
     (&stream).write_all(&request)?;
-    read_reply(&mut BufReader::new(&stream))
+    let mut reader = BufReader::new(&stream);
+    if password.is_some() {
+        let auth = read_reply(&mut reader)?;
+        if auth != Reply::Status("OK".into()) {
+            return Ok(auth);
+        }
+    }
+    read_reply(&mut reader)
 }
 
 fn read_reply(r: &mut impl BufRead) -> std::io::Result<Reply> {
@@ -582,7 +647,7 @@ fn read_reply(r: &mut impl BufRead) -> std::io::Result<Reply> {
 
 /// Polls until the node answers `INFO server` as the process we spawned; `false` when it
 /// exited (a port was taken) or did not answer in time.
-fn wait_for_pid(node: &mut Node) -> bool {
+fn wait_for_pid(node: &mut Node, password: Option<&str>) -> bool {
     let deadline = Instant::now() + Duration::from_secs(15);
     let Some(pid) = node.child.as_ref().map(Child::id) else {
         return false;
@@ -593,7 +658,7 @@ fn wait_for_pid(node: &mut Node) -> bool {
             node.child = None;
             return false;
         }
-        if let Ok(Reply::Bulk(text)) = query(node.port, &["INFO", "server"]) {
+        if let Ok(Reply::Bulk(text)) = query_as(node.port, password, &["INFO", "server"]) {
             let answering: Option<u32> = text
                 .lines()
                 .find_map(|l| l.strip_prefix("process_id:"))
