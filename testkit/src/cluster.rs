@@ -301,21 +301,13 @@ impl RedisCluster {
     /// When `redis-cli` fails, or the cluster does not settle.
     pub fn reshard(&self, from: &str, to: &str, slots: u16) {
         let seed = format!("127.0.0.1:{}", self.live_ports()[0]);
-        let out = Command::new(&self.cli)
-            .args(self.cli_auth())
+        let mut cmd = Command::new(&self.cli);
+        cmd.args(self.cli_auth())
             .args(["--cluster", "reshard", &seed])
             .args(["--cluster-from", from, "--cluster-to", to])
             .args(["--cluster-slots", &slots.to_string()])
-            .args(["--cluster-yes", "--cluster-pipeline", "1"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.cli.display()));
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster reshard failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .args(["--cluster-yes", "--cluster-pipeline", "1"]);
+        self.run_cli(cmd, "reshard");
         self.wait_until_ready(self.live_ports().len());
     }
 
@@ -405,20 +397,49 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new(&self.cli)
-            .args(self.cli_auth())
+        let mut cmd = Command::new(&self.cli);
+        cmd.args(self.cli_auth())
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", "1", "--cluster-yes"]);
+        self.run_cli(cmd, "create");
+    }
+
+    /// Runs `redis-cli`, polling until it exits.
+    ///
+    /// # Panics
+    ///
+    /// When it fails, or runs for longer than a minute (it is killed then).
+    fn run_cli(&self, mut cmd: Command, what: &str) {
+        let mut child = cmd
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.cli.display()));
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}\n{}",
+        let deadline = Instant::now() + READY_WITHIN;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("redis-cli's status") {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(POLL);
+        };
+        let out = child.wait_with_output().expect("redis-cli's output");
+        let said = format!(
+            "{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        match status {
+            Some(status) if status.success() => {}
+            Some(status) => panic!("redis-cli --cluster {what} failed ({status}): {said}"),
+            None => panic!("redis-cli --cluster {what} ran for over {READY_WITHIN:?}: {said}"),
+        }
     }
 
     /// Polls until every live node says `cluster_state:ok` with all slots served and knows
