@@ -74,6 +74,7 @@ async fn deliver(store: &RedisStore, ledger: &Ledger, order: usize) -> (Outcome,
 async fn a_killed_master_fails_calls_closed_and_after_the_failover_nothing_runs_twice() {
     let Some(cluster) = RedisCluster::start_with(Options {
         node_timeout_ms: 2000,
+        ..Options::default()
     }) else {
         return;
     };
