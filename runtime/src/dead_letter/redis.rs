@@ -29,6 +29,13 @@
 //! [`Error::Corrupt`] naming its id; [`remove`](RedisDeadLetters::remove) still removes it. A
 //! server that cannot be reached is [`Error::Store`].
 //!
+//! # Redis Cluster
+//!
+//! [`connect_cluster`](RedisDeadLetters::connect_cluster) takes seed nodes, as
+//! [`RedisStore::connect_cluster`] does. A stream is one key, so it lives in one slot, on one
+//! master (and its replica): every letter of a stream goes there, whatever the cluster's size.
+//! Use one stream per job or per queue to spread them.
+//!
 //! # Redrive
 //!
 //! [`redrive`](RedisDeadLetters::redrive) reads a letter, hands it to a closure that runs the job
