@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 /// The slots moved: the lowest `MOVED_SLOTS` of the source master, which `reshard` takes first.
 const MOVED_SLOTS: u16 = 48;
 const ORDERS: usize = 200;
+/// Other keys written in each slot that moves.
+const BALLAST_PER_SLOT: u32 = 16;
 const WORKERS: usize = 8;
 const SCOPE: &str = "tests.cluster_reshard.charge";
 
@@ -64,6 +66,27 @@ async fn a_resharding_under_running_calls_is_followed_transparently() {
         runs: (0..ORDERS).map(|_| AtomicU32::new(0)).collect(),
         ids,
     });
+
+    // Other keys in the same slots, so that each slot takes a while to migrate key by key,
+    // and calls meet slots mid-migration.
+    let mut connection = store.connection();
+    let mut per_slot = vec![0u32; MOVED_SLOTS as usize];
+    for i in 0.. {
+        if per_slot.iter().all(|&n| n >= BALLAST_PER_SLOT) {
+            break;
+        }
+        let key = format!("ballast-{i}");
+        let slot = key_slot(key.as_bytes());
+        if moving.contains(&slot) && per_slot[(slot - lowest) as usize] < BALLAST_PER_SLOT {
+            per_slot[(slot - lowest) as usize] += 1;
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("x")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+        }
+    }
 
     // Half the orders are completed before the move, so there are records to migrate.
     for order in 0..ORDERS / 2 {
