@@ -1,9 +1,7 @@
 //! Postgres going away: stopped before or while a job runs, the job fails closed with
 //! `Error::Store` and leaves no effect; restarted, the same store and pool work again.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use jobguard::idempotent::Idempotent;
 use jobguard::store::postgres::PgStore;
