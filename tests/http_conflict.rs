@@ -11,7 +11,11 @@ use std::time::Duration;
 #[tokio::test]
 async fn repeat_while_the_first_runs_is_409_with_retry_after() {
     let (handler, gate) = Handler::gated();
-    let addr = serve(app(handler.clone(), IdempotencyLayer::new(MemoryStore::new()))).await;
+    let addr = serve(app(
+        handler.clone(),
+        IdempotencyLayer::new(MemoryStore::new()),
+    ))
+    .await;
     let client = Client::new(addr);
 
     let first = tokio::spawn({
@@ -37,7 +41,11 @@ async fn repeat_while_the_first_runs_is_409_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_identical_requests_while_one_runs_are_409() {
     let (handler, gate) = Handler::gated();
-    let addr = serve(app(handler.clone(), IdempotencyLayer::new(MemoryStore::new()))).await;
+    let addr = serve(app(
+        handler.clone(),
+        IdempotencyLayer::new(MemoryStore::new()),
+    ))
+    .await;
     let client = Client::new(addr);
 
     let mut requests = tokio::task::JoinSet::new();
@@ -68,7 +76,11 @@ async fn fifty_concurrent_identical_requests_run_the_handler_once() {
         work: Duration::from_millis(200),
         ..Handler::default()
     };
-    let addr = serve(app(handler.clone(), IdempotencyLayer::new(MemoryStore::new()))).await;
+    let addr = serve(app(
+        handler.clone(),
+        IdempotencyLayer::new(MemoryStore::new()),
+    ))
+    .await;
     let client = Client::new(addr);
 
     let mut requests = tokio::task::JoinSet::new();

@@ -10,7 +10,11 @@ use jobguard::http::IdempotencyLayer;
 #[tokio::test]
 async fn key_as_a_quoted_string_or_a_bare_token_up_to_255_characters() {
     let handler = Handler::default();
-    let addr = serve(app(handler.clone(), IdempotencyLayer::new(MemoryStore::new()))).await;
+    let addr = serve(app(
+        handler.clone(),
+        IdempotencyLayer::new(MemoryStore::new()),
+    ))
+    .await;
     let client = Client::new(addr);
 
     let quoted = client.charge("\"8e03978e-40d5\"").await;

@@ -667,7 +667,10 @@ pub fn parse_key(headers: &HeaderMap) -> Result<Option<String>, KeyFault> {
 
 fn parse_value(value: &HeaderValue) -> Result<String, KeyFault> {
     let bytes = value.as_bytes();
-    if bytes.iter().any(|b| !(0x20..0x7f).contains(b) && *b != b'\t') {
+    if bytes
+        .iter()
+        .any(|b| !(0x20..0x7f).contains(b) && *b != b'\t')
+    {
         return Err(KeyFault::NotAscii);
     }
     let text = std::str::from_utf8(bytes).map_err(|_| KeyFault::NotAscii)?;
@@ -1154,7 +1157,10 @@ impl Problem {
             status,
             StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
         ) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER.as_secs()));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(RETRY_AFTER.as_secs()),
+            );
         }
         response
     }

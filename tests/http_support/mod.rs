@@ -67,7 +67,11 @@ async fn charge(State(h): State<Handler>, Path(order_id): Path<String>, body: By
     }
     let status = h.status.unwrap_or(StatusCode::CREATED);
     if let Some(len) = h.body_len {
-        return (status, [("content-type", "application/octet-stream")], vec![b'x'; len])
+        return (
+            status,
+            [("content-type", "application/octet-stream")],
+            vec![b'x'; len],
+        )
             .into_response();
     }
     let receipt = serde_json::json!({
@@ -163,7 +167,11 @@ impl Client {
                 .parse()
                 .unwrap();
         }
-        let response = self.inner.request(request).await.expect("the server answers");
+        let response = self
+            .inner
+            .request(request)
+            .await
+            .expect("the server answers");
         let (parts, body) = response.into_parts();
         let body = body.collect().await.expect("the whole body").to_bytes();
         Reply {
