@@ -15,13 +15,17 @@
 //! - `layer`: the same router with `IdempotencyLayer::new(MemoryStore::new())`.
 //! - `replay`: the layered router, every request repeating one completed key (the stored
 //!   response, the handler not run).
+//! - `paired`: one `bare` and one `layer` request per iteration, in turn: both see the same
+//!   machine, so their latency percentiles compare fairly on a loaded box. The p99 added by the
+//!   layer is read here.
 //!
 //! **Harness.** One multi-thread tokio runtime (2 workers) holds the servers and the client, a
-//! hyper-util legacy client whose pool keeps one connection per server alive: the requests go one
+//! hyper-util legacy client whose pool keeps one connection per server alive, `TCP_NODELAY` on
+//! both ends as curl and browsers set it: the requests go one
 //! after another, so a request's time is its latency and the rate is its inverse. `iter_custom`
 //! times a plain loop of requests inside the runtime and also keeps each request's latency; after
-//! the group, the median and 99th percentile of every measured request are printed beside the
-//! bare handler's.
+//! each contender, the median and 99th percentile of every request it sent (warm-up included)
+//! are printed, and for `paired` the difference.
 //!
 //! **Steady state.** The layered store completes records with a 1 s TTL: at the rates measured
 //! (tens of thousands of requests a second) that keeps far fewer records live than
@@ -30,6 +34,7 @@
 
 use axum::Router;
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use http_body_util::{BodyExt, Full};
@@ -56,6 +61,7 @@ fn router() -> Router {
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let listener = listener.tap_io(|stream| stream.set_nodelay(true).unwrap());
     tokio::spawn(axum::serve(listener, app).into_future());
     addr
 }
@@ -87,7 +93,9 @@ fn http(c: &mut Criterion) {
     let layer = IdempotencyLayer::new(MemoryStore::new()).ttl(Duration::from_secs(1));
     let bare = rt.block_on(serve(router()));
     let guarded = rt.block_on(serve(router().layer(layer)));
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
     let next = Arc::new(AtomicU64::new(0));
 
     // Check: a fresh key runs; its repeat is the replay.
@@ -103,65 +111,80 @@ fn http(c: &mut Criterion) {
     let replay = rt.block_on(serve(router().layer(replay_layer)));
     rt.block_on(async { assert!(!charge(&client, replay, "replayed-key").await) });
 
-    let latencies: Arc<Mutex<Vec<(&str, Vec<Duration>)>>> = Arc::default();
+    // Each contender sends, per iteration, one request to each of its targets in turn; every
+    // request's latency is kept per target.
+    let contenders: [(&str, &[(&str, SocketAddr, bool)]); 4] = [
+        ("bare", &[("bare", bare, true)]),
+        ("layer", &[("layer", guarded, true)]),
+        ("replay", &[("replay", replay, false)]),
+        ("paired", &[("bare", bare, true), ("layer", guarded, true)]),
+    ];
     let mut group = c.benchmark_group("http");
-    group.throughput(Throughput::Elements(1));
-    for (name, addr, fresh) in [
-        ("bare", bare, true),
-        ("layer", guarded, true),
-        ("replay", replay, false),
-    ] {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        latencies.lock().unwrap().push((name, Vec::new()));
+    for (name, targets) in contenders {
+        group.throughput(Throughput::Elements(targets.len() as u64));
+        let seen: Arc<Mutex<Vec<Vec<Duration>>>> =
+            Arc::new(Mutex::new(vec![Vec::new(); targets.len()]));
         group.bench_function(name, |b| {
             b.to_async(&rt).iter_custom(|iters| {
                 let client = client.clone();
                 let next = next.clone();
                 let seen = seen.clone();
                 async move {
-                    let mut each = Vec::with_capacity(iters as usize);
+                    let mut each = vec![Vec::with_capacity(iters as usize); targets.len()];
                     let mut key = String::with_capacity(24);
                     let start = Instant::now();
                     for _ in 0..iters {
-                        key.clear();
-                        if fresh {
-                            use std::fmt::Write;
-                            let n = next.fetch_add(1, Ordering::Relaxed);
-                            write!(key, "k-{n}").unwrap();
-                        } else {
-                            key.push_str("replayed-key");
+                        for (i, &(_, addr, fresh)) in targets.iter().enumerate() {
+                            key.clear();
+                            if fresh {
+                                use std::fmt::Write;
+                                let n = next.fetch_add(1, Ordering::Relaxed);
+                                write!(key, "k-{n}").unwrap();
+                            } else {
+                                key.push_str("replayed-key");
+                            }
+                            let t = Instant::now();
+                            let replayed = charge(&client, addr, &key).await;
+                            each[i].push(t.elapsed());
+                            debug_assert_eq!(replayed, !fresh);
                         }
-                        let t = Instant::now();
-                        let replayed = charge(&client, addr, &key).await;
-                        each.push(t.elapsed());
-                        debug_assert_eq!(replayed, !fresh && name == "replay");
                     }
                     let total = start.elapsed();
-                    seen.lock().unwrap().extend(each);
+                    for (all, these) in seen.lock().unwrap().iter_mut().zip(each) {
+                        all.extend(these);
+                    }
                     total
                 }
             });
         });
-        latencies.lock().unwrap().last_mut().unwrap().1 =
-            std::mem::take(&mut *seen.lock().unwrap());
+        let mut seen = seen.lock().unwrap();
+        if seen[0].is_empty() {
+            continue; // filtered out on the command line
+        }
+        let mut line = format!("latency http/{name}:");
+        for (each, (target, _, _)) in seen.iter_mut().zip(targets) {
+            each.sort_unstable();
+            let (p50, p99) = (percentile(each, 0.50), percentile(each, 0.99));
+            line += &format!(
+                " {target} p50 {p50:.1?} p99 {p99:.1?} ({} requests);",
+                each.len()
+            );
+        }
+        if let [bare, layer] = &seen[..] {
+            let added = |p| percentile(layer, p).as_secs_f64() - percentile(bare, p).as_secs_f64();
+            let mean = |each: &[Duration]| {
+                each.iter().map(Duration::as_secs_f64).sum::<f64>() / each.len() as f64
+            };
+            line += &format!(
+                " added: p50 {:.1} µs, p99 {:.1} µs; layer's rate {:.0}% of bare's (mean latencies)",
+                added(0.50) * 1e6,
+                added(0.99) * 1e6,
+                100.0 * mean(bare) / mean(layer),
+            );
+        }
+        println!("{line}");
     }
     group.finish();
-
-    let mut all = latencies.lock().unwrap();
-    let mut bare_p = (Duration::ZERO, Duration::ZERO);
-    for (name, each) in all.iter_mut() {
-        each.sort_unstable();
-        let (p50, p99) = (percentile(each, 0.50), percentile(each, 0.99));
-        if *name == "bare" {
-            bare_p = (p50, p99);
-        }
-        println!(
-            "http/{name}: {} requests, p50 {p50:?}, p99 {p99:?}; added over bare: p50 {:?}, p99 {:?}",
-            each.len(),
-            p50.saturating_sub(bare_p.0),
-            p99.saturating_sub(bare_p.1),
-        );
-    }
 }
 
 criterion_group!(benches, http);

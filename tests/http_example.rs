@@ -18,19 +18,37 @@ async fn the_example_charges_once_per_key() {
     let client = Client::new(http_support::serve(app).await);
     let body = "{\"amount\":100}";
 
-    let first = client.send("POST", "/charge/order-A", Some("idem-1"), body).await;
+    let first = client
+        .send("POST", "/charge/order-A", Some("idem-1"), body)
+        .await;
     assert_eq!(first.status, 201);
     assert_eq!(first.json()["charge_id"], "ch_1");
     assert_eq!(first.json()["amount"], 100);
-    let again = client.send("POST", "/charge/order-A", Some("idem-1"), body).await;
+    let again = client
+        .send("POST", "/charge/order-A", Some("idem-1"), body)
+        .await;
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
 
     client
-        .send("POST", "/charge/order-A", Some("idem-1"), "{\"amount\":999}")
+        .send(
+            "POST",
+            "/charge/order-A",
+            Some("idem-1"),
+            "{\"amount\":999}",
+        )
         .await
         .problem(422);
-    client.send("POST", "/charge/order-A", None, body).await.problem(400);
-    let other = client.send("POST", "/charge/order-B", Some("idem-2"), body).await;
-    assert_eq!(other.json()["charge_id"], "ch_2", "one gateway charge per key");
+    client
+        .send("POST", "/charge/order-A", None, body)
+        .await
+        .problem(400);
+    let other = client
+        .send("POST", "/charge/order-B", Some("idem-2"), body)
+        .await;
+    assert_eq!(
+        other.json()["charge_id"],
+        "ch_2",
+        "one gateway charge per key"
+    );
 }
