@@ -1139,12 +1139,19 @@ impl Problem {
                     .to_owned(),
             ),
         };
-        let document = serde_json::json!({
-            "type": format!("tag:jobguard,2026:idempotency-key/{kind}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail,
-        });
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            r#type: String,
+            title: &'a str,
+            status: u16,
+            detail: String,
+        }
+        let document = Document {
+            r#type: format!("tag:jobguard,2026:idempotency-key/{kind}"),
+            title,
+            status: status.as_u16(),
+            detail,
+        };
         let body = serde_json::to_vec(&document).unwrap_or_default();
         let mut response = Response::new(ResponseBody::full(Bytes::from(body)));
         *response.status_mut() = status;
