@@ -59,7 +59,7 @@ async fn charge(
 }
 
 /// The app: the charge route, keys required, on `store`; `latency` is the gateway's.
-fn app<S: Store + 'static>(store: S, latency: Duration) -> Router {
+pub fn app<S: Store + 'static>(store: S, latency: Duration) -> Router {
     let gateway = Gateway {
         charges: Arc::default(),
         latency,

@@ -68,19 +68,21 @@
 //! The lease on the key is renewed every third of [`lease`](IdempotencyLayer::lease) while the
 //! handler runs; a cancelled request (the client went away) or a panicking handler releases it.
 
+use crate::Error;
 use crate::observe::{Event, log_error};
 use crate::runtime::Current;
 use crate::store::{Claim, Store, StoreKey};
-use crate::{Error, Runtime};
 use ::http::request::Parts;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, Service};
@@ -319,21 +321,23 @@ where
         Err(e) => return Ok(Problem::Unreadable(e.to_string()).response()),
     };
 
-    let fingerprint = fingerprint(&parts, &body);
-    let scope = store_scope(config.scope.as_deref(), &parts);
-    let key = StoreKey {
-        scope: &scope,
-        key: &key,
+    let fingerprint = Fingerprint::of(&parts, &body);
+    let held = Held {
+        runtime: Current::get(),
+        scope: store_scope(config.scope.as_deref(), &parts),
+        key,
+        token: new_token(),
+        armed: AtomicBool::new(false),
+        config,
     };
-    let token = new_token();
-    let runtime = Current::get();
-    let observe = |event: Event<'_>| runtime.emit(&event);
+    let (config, key, token) = (&*held.config, held.store_key(), &*held.token);
+    let observe = |event: Event<'_>| held.runtime.emit(&event);
     match config
         .store
-        .claim(key, &token, Some(&fingerprint), config.lease)
+        .claim(key, token, Some(fingerprint.as_str()), config.lease)
         .await
     {
-        Ok(Claim::Acquired) => {}
+        Ok(Claim::Acquired) => held.armed.store(true, Ordering::Relaxed),
         Ok(Claim::Completed(record)) => {
             return Ok(match decode(&record) {
                 Ok(stored) => {
@@ -368,15 +372,8 @@ where
         key: key.key,
     });
 
-    let mut guard = ReleaseOnDrop {
-        store: Some(config.store.clone()),
-        runtime: runtime.to_owned(),
-        scope: scope.clone(),
-        key: key.key.to_owned(),
-        token: token.clone(),
-    };
     let request = Request::from_parts(parts, Either::Right(Full::new(body)));
-    let outcome = heartbeat(&config, key, &token, &observe, async {
+    let outcome = heartbeat(config, key, token, &observe, async {
         let response = inner.call(request).await?;
         if !storable(response.status()) {
             return Ok(Outcome::NotStorable(response));
@@ -388,16 +385,15 @@ where
         })
     })
     .await;
-    guard.disarm();
 
     let release = async || {
-        release(&*config.store, key, &token).await;
+        release(&*config.store, key, token).await;
         observe(Event::Released {
             scope: key.scope,
             key: key.key,
         });
     };
-    match outcome {
+    let answer = match outcome {
         Err(error) => {
             release().await;
             Err(error)
@@ -424,10 +420,12 @@ where
         }
         Ok(Outcome::Complete(head, body)) => {
             let record = encode(head.status, &head.headers, &body);
-            store_record(&config, key, &token, &record, &observe).await;
+            store_record(config, key, token, &record, &observe).await;
             Ok(Response::from_parts(head, ResponseBody::full(body)))
         }
-    }
+    };
+    held.armed.store(false, Ordering::Relaxed);
+    answer
 }
 
 /// What the handler answered, as the layer will treat it.
@@ -461,6 +459,12 @@ async fn heartbeat<T>(
     work: impl Future<Output = T>,
 ) -> T {
     let mut work = pin!(work);
+    // A handler that answers at once needs no timer.
+    tokio::select! {
+        biased;
+        done = &mut work => return done,
+        () = std::future::ready(()) => {}
+    }
     let every = config.lease / 3;
     let mut lost = false;
     loop {
@@ -542,32 +546,39 @@ fn new_token() -> String {
     format!("{:032x}", rand::rng().random::<u128>())
 }
 
-/// Releases the claim when the request is cancelled (the client went away) or the handler panics.
-struct ReleaseOnDrop {
-    store: Option<Arc<dyn Store>>,
-    runtime: Runtime,
-    scope: String,
+/// The key this request claims, with what releasing it needs, owned: a request dropped while it
+/// holds the claim (the client went away, the handler panicked) releases it from `drop`.
+struct Held {
+    config: Arc<Config>,
+    runtime: Current,
+    scope: Cow<'static, str>,
     key: String,
     token: String,
+    /// Set while this request holds the claim and nothing else will release it.
+    armed: AtomicBool,
 }
 
-impl ReleaseOnDrop {
-    fn disarm(&mut self) {
-        self.store = None;
+impl Held {
+    fn store_key(&self) -> StoreKey<'_> {
+        StoreKey {
+            scope: &self.scope,
+            key: &self.key,
+        }
     }
 }
 
-impl Drop for ReleaseOnDrop {
+impl Drop for Held {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
+        if !self.armed.load(Ordering::Relaxed) {
             return;
-        };
+        }
+        let store = self.config.store.clone();
+        let runtime = self.runtime.to_owned();
         let (scope, key, token) = (
             std::mem::take(&mut self.scope),
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
-        let runtime = self.runtime.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
@@ -735,9 +746,9 @@ fn parse_token(text: &str) -> Result<String, KeyFault> {
 
 /// The store scope: `http`, or `http.<scope>` with `:` and `%` percent-encoded (a store scope
 /// never contains `:`).
-fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> String {
+fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> Cow<'static, str> {
     match scope {
-        None => String::from("http"),
+        None => Cow::Borrowed("http"),
         Some(scope) => {
             let owner = scope(parts);
             let mut out = String::with_capacity(5 + owner.len());
@@ -749,30 +760,39 @@ fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> String {
                     c => out.push(c),
                 }
             }
-            out
+            Cow::Owned(out)
         }
     }
 }
 
 /// SHA-256 over the method, the path and query, and the body, in hex. Method and target cannot
 /// contain a NUL byte, so the NULs between them keep the fields apart.
-fn fingerprint(parts: &Parts, body: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let digest = Sha256::new()
-        .chain_update(parts.method.as_str())
-        .chain_update([0])
-        .chain_update(target)
-        .chain_update([0])
-        .chain_update(body)
-        .finalize();
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push(HEX[usize::from(b >> 4)] as char);
-        out.push(HEX[usize::from(b & 15)] as char);
+struct Fingerprint([u8; 64]);
+
+impl Fingerprint {
+    fn of(parts: &Parts, body: &[u8]) -> Self {
+        use sha2::{Digest, Sha256};
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let digest = Sha256::new()
+            .chain_update(parts.method.as_str())
+            .chain_update([0])
+            .chain_update(target)
+            .chain_update([0])
+            .chain_update(body)
+            .finalize();
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0; 64];
+        for (i, b) in digest.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 15)];
+        }
+        Fingerprint(out)
     }
-    out
+
+    fn as_str(&self) -> &str {
+        // Hex digits only: always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -790,16 +810,16 @@ fn kept(name: &HeaderName) -> bool {
 /// `JGH1`, the status (u16), the number of headers (u16), each header as name length (u16),
 /// name, value length (u32), value; then the body to the end. All integers big-endian.
 fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
-    let kept: Vec<_> = headers.iter().filter(|(name, _)| kept(name)).collect();
-    let size = kept
-        .iter()
-        .map(|(n, v)| 6 + n.as_str().len() + v.len())
-        .sum::<usize>();
+    let (mut count, mut size) = (0u16, 0usize);
+    for (name, value) in headers.iter().filter(|(name, _)| kept(name)) {
+        count += 1;
+        size += 6 + name.as_str().len() + value.len();
+    }
     let mut out = Vec::with_capacity(8 + size + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&status.as_u16().to_be_bytes());
-    out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
-    for (name, value) in kept {
+    out.extend_from_slice(&count.to_be_bytes());
+    for (name, value) in headers.iter().filter(|(name, _)| kept(name)) {
         out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(&(value.len() as u32).to_be_bytes());
