@@ -53,6 +53,10 @@ use std::time::{Duration, Instant};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// A server a contender sends to: its name, its address, and whether each request carries a
+/// fresh key (else the one completed key).
+type Target = (&'static str, SocketAddr, bool);
+
 async fn ok() -> &'static str {
     "ok"
 }
@@ -124,7 +128,7 @@ fn http(c: &mut Criterion) {
 
     // Each contender sends, per iteration, one request to each of its targets in turn; every
     // request's latency is kept per target.
-    let contenders: [(&str, &[(&str, SocketAddr, bool)]); 4] = [
+    let contenders: [(&str, &[Target]); 4] = [
         ("bare", &[("bare", bare, true)]),
         ("layer", &[("layer", guarded, true)]),
         ("replay", &[("replay", replay, false)]),
