@@ -22,13 +22,13 @@
 //!
 //! **Harness.** One current-thread tokio runtime holds the servers and the client (on a loaded
 //! 2-core box, a multi-thread runtime measures the scheduler's cross-thread wake-ups more than
-//! the service: its bare median moved between 18 and 78 µs from run to run), with a
-//! hyper-util legacy client whose pool keeps one connection per server alive, `TCP_NODELAY` on
-//! both ends as curl and browsers set it: the requests go one
-//! after another, so a request's time is its latency and the rate is its inverse. `iter_custom`
-//! times a plain loop of requests inside the runtime and also keeps each request's latency; after
-//! each contender, the median and 99th percentile of every request it sent (warm-up included)
-//! are printed, and for `paired` the difference.
+//! the service: its bare median moved between 18 and 78 µs from run to run), with a hyper-util
+//! legacy client whose pool keeps one connection per server alive, `TCP_NODELAY` on both ends as
+//! curl and browsers set it. The requests go one after another, so a request's time is its
+//! latency and the rate is its inverse. `iter_custom` times a plain loop of requests inside the
+//! runtime and also keeps each request's latency; after each contender, the median and 99th
+//! percentile of every request it sent (warm-up included) are printed, and for `paired` the
+//! differences.
 //!
 //! **Steady state.** The layered store completes records with a 1 s TTL: at the rates measured
 //! (tens of thousands of requests a second) that keeps far fewer records live than
