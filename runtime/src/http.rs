@@ -66,7 +66,8 @@
 //! The service's response bodies must be [`Unpin`] (axum's and hyper's are).
 //!
 //! The lease on the key is renewed every third of [`lease`](IdempotencyLayer::lease) while the
-//! handler runs; a cancelled request (the client went away) or a panicking handler releases it.
+//! handler runs. A request whose future is dropped before it ends (the server cancelled it), or
+//! whose handler panicked, releases it.
 
 use crate::Error;
 use crate::observe::{Event, log_error};
@@ -547,7 +548,7 @@ fn new_token() -> String {
 }
 
 /// The key this request claims, with what releasing it needs, owned: a request dropped while it
-/// holds the claim (the client went away, the handler panicked) releases it from `drop`.
+/// holds the claim (cancelled by the server, or its handler panicked) releases it from `drop`.
 struct Held {
     config: Arc<Config>,
     runtime: Current,
