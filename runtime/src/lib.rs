@@ -34,6 +34,9 @@ pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
 mod error;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 pub mod idempotent;
 pub mod jitter;
 pub mod observe;
