@@ -13,7 +13,7 @@
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
 //! | `jobguard_store_evictions_total` | counter | `store` | a bounded store gives up completed records before their TTL, by the number given up |
-//! | `jobguard_store_bytes` | gauge | `store` | a [`MemoryStore`](crate::MemoryStore)'s bytes, reported by each shard at most once a second while it is used |
+//! | `jobguard_store_bytes` | gauge | `store` | the bytes [`MemoryStore`](crate::MemoryStore)s hold, summed: set by [`MemoryStore::stats`](crate::MemoryStore::stats), and once a second at most by a store that gives records up |
 //!
 //! The names already end in `_total`, so an exporter that appends the suffix to counters (the
 //! Prometheus exporter's `with_recommended_naming(true)`) leaves them as they are.

@@ -55,9 +55,9 @@ const MAX_EVICTIONS: usize = 64;
 const ORDER_ENTRY_BYTES: usize = 48;
 /// How often, at most, the store logs that it gives records up.
 const WARN_EVERY: Duration = Duration::from_secs(60);
-/// How often, at most, a shard reports its size to the `metrics` gauge.
+/// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
 #[cfg(feature = "metrics")]
-const GAUGE_EVERY: u64 = 1_000_000_000;
+const GAUGE_EVERY: Duration = Duration::from_secs(1);
 
 /// An idempotency store in this process's memory. `Clone` shares state.
 ///
@@ -151,6 +151,10 @@ impl MemoryStoreBuilder {
                 expired: AtomicU64::new(0),
                 warned_at: AtomicU64::new(NEVER),
                 warned_evicted: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                gauge: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                gauge_at: AtomicU64::new(0),
             }),
         }
     }
@@ -197,6 +201,11 @@ struct Inner {
     warned_at: AtomicU64,
     /// [`Inner::evicted`] as the last warning reported it.
     warned_evicted: AtomicU64,
+    /// The bytes last added to the `metrics` gauge, and when evictions may next report them.
+    #[cfg(feature = "metrics")]
+    gauge: AtomicU64,
+    #[cfg(feature = "metrics")]
+    gauge_at: AtomicU64,
 }
 
 /// One shard: its records, and the completed ones in the order they completed.
@@ -211,9 +220,6 @@ struct Shard {
     cursor: usize,
     /// The last completion stamp handed out: stamps are unique and increasing.
     last_stamp: u64,
-    /// The size last reported to the gauge, and when the next report is due.
-    #[cfg(feature = "metrics")]
-    reported: (usize, u64),
 }
 
 /// A completed record's entry in [`Shard::order`].
@@ -317,9 +323,6 @@ struct Tally {
     /// The ages of the youngest and the oldest record given up, in nanoseconds.
     youngest: u64,
     oldest: u64,
-    /// The change in the shard's size to report to the gauge.
-    #[cfg(feature = "metrics")]
-    bytes_delta: i64,
 }
 
 impl Tally {
@@ -569,16 +572,6 @@ impl Shard {
             self.heap -= record.heap();
         }
     }
-
-    /// Notes in `tally` the change of size the gauge has not seen, once a second at most.
-    #[cfg(feature = "metrics")]
-    fn gauge(&mut self, now: u64, tally: &mut Tally) {
-        if now >= self.reported.1 {
-            let bytes = self.bytes();
-            tally.bytes_delta = bytes as i64 - self.reported.0 as i64;
-            self.reported = (bytes, now.saturating_add(GAUGE_EVERY));
-        }
-    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -635,19 +628,12 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// What the store holds now, and what it dropped since it was made.
+    /// What the store holds now, and what it dropped since it was made. With the `metrics`
+    /// feature, this also sets the store's share of the `jobguard_store_bytes` gauge (which a
+    /// store giving records up sets by itself, once a second at most): call it where the
+    /// process's metrics are scraped for a current figure.
     pub fn stats(&self) -> MemoryStats {
-        let (records, bytes) = self.inner.shards.iter().fold((0, 0), |(r, b), s| {
-            let s = lock(s);
-            (r + s.table.len(), b + s.bytes())
-        });
-        MemoryStats {
-            records,
-            bytes,
-            max_bytes: self.inner.max_bytes,
-            evicted: self.inner.evicted.load(Ordering::Relaxed),
-            expired: self.inner.expired.load(Ordering::Relaxed),
-        }
+        self.inner.stats()
     }
 
     /// The completed record for `key`, if there is a live one: what a replay would return.
@@ -680,13 +666,7 @@ impl MemoryStore {
             limits: self.inner.limits,
             tally: Tally::default(),
         };
-        let out = {
-            let mut shard = lock(shard);
-            let out = f(&mut shard, &mut op);
-            #[cfg(feature = "metrics")]
-            shard.gauge(op.now, &mut op.tally);
-            out
-        };
+        let out = f(&mut lock(shard), &mut op);
         self.inner.report(&op.tally, op.now);
         out
     }
@@ -706,6 +686,28 @@ impl MemoryStore {
 }
 
 impl Inner {
+    fn stats(&self) -> MemoryStats {
+        let (records, bytes) = self.shards.iter().fold((0, 0), |(r, b), s| {
+            let s = lock(s);
+            (r + s.table.len(), b + s.bytes())
+        });
+        #[cfg(feature = "metrics")]
+        {
+            let before = self.gauge.swap(bytes as u64, Ordering::Relaxed);
+            if before != bytes as u64 {
+                let delta = bytes as f64 - before as f64;
+                crate::observe::metrics::store_bytes_changed("memory", delta);
+            }
+        }
+        MemoryStats {
+            records,
+            bytes,
+            max_bytes: self.max_bytes,
+            evicted: self.evicted.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
     fn now(&self) -> u64 {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
@@ -719,9 +721,24 @@ impl Inner {
         if tally.evicted > 0 {
             self.report_evictions(tally, now);
         }
-        #[cfg(feature = "metrics")]
-        if tally.bytes_delta != 0 {
-            crate::observe::metrics::store_bytes_changed("memory", tally.bytes_delta as f64);
+    }
+
+    /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
+    #[cfg(feature = "metrics")]
+    fn report_size(&self, now: u64) {
+        let due = self.gauge_at.load(Ordering::Relaxed);
+        if now >= due
+            && self
+                .gauge_at
+                .compare_exchange(
+                    due,
+                    now.saturating_add(nanos(GAUGE_EVERY)),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.stats();
         }
     }
 
@@ -738,6 +755,8 @@ impl Inner {
             youngest,
             oldest,
         });
+        #[cfg(feature = "metrics")]
+        self.report_size(now);
         let last = self.warned_at.load(Ordering::Relaxed);
         let due = last == NEVER || now >= last.saturating_add(nanos(WARN_EVERY));
         if due
@@ -761,7 +780,7 @@ impl Inner {
 #[cfg(feature = "metrics")]
 impl Drop for Inner {
     fn drop(&mut self) {
-        let reported: usize = self.shards.iter().map(|s| lock(s).reported.0).sum();
+        let reported = *self.gauge.get_mut();
         if reported > 0 {
             crate::observe::metrics::store_bytes_changed("memory", -(reported as f64));
         }
