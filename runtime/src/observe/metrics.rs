@@ -173,15 +173,23 @@ pub(crate) fn dead_letter_dropped(sink: &'static str) {
     ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
 }
 
-#[cold]
+/// The `store` label of [`MemoryStore`](crate::MemoryStore)'s metrics.
+static MEMORY_STORE: [Label; 1] = [Label::from_static_parts("store", "memory")];
+
 fn store_evicted(store: &str, records: u64) {
-    let key = Key::from_parts(STORE_EVICTIONS, vec![Label::new("store", store.to_owned())]);
+    let key = match store {
+        "memory" => Key::from_static_labels(STORE_EVICTIONS, &MEMORY_STORE),
+        other => Key::from_parts(STORE_EVICTIONS, vec![Label::new("store", other.to_owned())]),
+    };
     ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(records));
 }
 
 /// Moves a store's bytes gauge by `delta`.
 pub(crate) fn store_bytes_changed(store: &'static str, delta: f64) {
-    let key = Key::from_parts(STORE_BYTES, vec![Label::new("store", store)]);
+    let key = match store {
+        "memory" => Key::from_static_labels(STORE_BYTES, &MEMORY_STORE),
+        other => Key::from_parts(STORE_BYTES, vec![Label::new("store", other)]),
+    };
     ::metrics::with_recorder(|r| r.register_gauge(&key, &METADATA).increment(delta));
 }
 

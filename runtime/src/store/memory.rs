@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 pub const DEFAULT_MIN_RETENTION: Duration = Duration::from_secs(3600);
 
 /// Table buckets each claim that adds a record looks at for expired records.
-const SWEEP_STEP: usize = 4;
+const SWEEP_STEP: usize = 1;
 /// Table buckets a claim looks at when its shard is out of room, before it fails.
 const SWEEP_MORE: usize = 256;
 /// Expired records at the old end of the completion order each claim drops at most.
@@ -742,19 +742,25 @@ impl Inner {
         }
     }
 
-    #[cold]
     fn report_evictions(&self, tally: &Tally, now: u64) {
         let total = self.evicted.fetch_add(tally.evicted, Ordering::Relaxed) + tally.evicted;
         let (youngest, oldest) = (
             Duration::from_nanos(tally.youngest),
             Duration::from_nanos(tally.oldest),
         );
-        crate::runtime::Current::get().emit(&crate::Event::Evicted {
+        let event = crate::Event::Evicted {
             store: "memory",
             records: tally.evicted,
             youngest,
             oldest,
-        });
+        };
+        // The runtime in scope matters only for its observer: until a runtime with one was
+        // built, the metrics and tracing views are all there is to tell.
+        if crate::observe::observed() {
+            crate::runtime::Current::get().emit(&event);
+        } else {
+            crate::observe::record_job(&event, None);
+        }
         #[cfg(feature = "metrics")]
         self.report_size(now);
         let last = self.warned_at.load(Ordering::Relaxed);
