@@ -7,8 +7,8 @@
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
 //! allocated, each record's key, token and stored result as the allocator hands them out, and
 //! the entry that orders completed records by age. A small job (a 12-byte scope, a 20-byte key,
-//! a 60-byte result) costs about 250 bytes, so the default bound holds about a million of them;
-//! [`MemoryStore::stats`] says what it holds now.
+//! a 60-byte result) costs about 300 bytes (330 with the table's headroom for growth), so the
+//! default bound holds about 800,000 of them; [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records, then gives up the **oldest
 //! completed records first**, before their TTL. It never gives up a live claim, and never a
