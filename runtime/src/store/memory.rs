@@ -20,9 +20,11 @@
 //! every record is a live claim or younger than `min_retention` does a new claim fail, closed,
 //! with [`Error::Store`].
 //!
-//! Expired records are dropped a few at a time, by the claims that add records: each looks at
-//! the oldest completed records and at a few buckets of its shard's table, so no operation holds
-//! a lock for long, however many records expire at once.
+//! Expired records are dropped a few at a time, by the claims that add records: each drops up to
+//! four expired records from the old end of its shard's completion order and looks at one more
+//! bucket of its shard's table (a lapsed claim, a record with a shorter TTL than older ones), so
+//! no operation holds a lock for long, however many records expire at once. A claim that finds
+//! no room looks at up to 256 buckets before it gives up.
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
