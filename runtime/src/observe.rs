@@ -127,6 +127,19 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
+    /// A bounded store gave up completed records before their TTL to make room (the oldest
+    /// first): a redelivery of those jobs would run them again. Raised on the task whose store
+    /// operation made the room.
+    Evicted {
+        /// The store: `"memory"` for [`MemoryStore`](crate::MemoryStore).
+        store: &'a str,
+        /// Records given up by this operation.
+        records: u64,
+        /// How long ago the youngest of them completed.
+        youngest: Duration,
+        /// How long ago the oldest of them completed.
+        oldest: Duration,
+    },
     /// A circuit breaker changed state, raised on the task whose call caused it.
     Breaker {
         /// The breaker's [`name`](crate::CircuitBreaker::name).
@@ -186,6 +199,18 @@ impl fmt::Debug for Event<'_> {
             Event::Released { scope, key } => scoped(f, "Released", scope, key),
             Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key),
             Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key),
+            Event::Evicted {
+                store,
+                records,
+                youngest,
+                oldest,
+            } => f
+                .debug_struct("Evicted")
+                .field("store", &store)
+                .field("records", &records)
+                .field("youngest", &youngest)
+                .field("oldest", &oldest)
+                .finish(),
             Event::Breaker { breaker, from, to } => f
                 .debug_struct("Breaker")
                 .field("breaker", &breaker)
@@ -268,6 +293,17 @@ pub(crate) fn log_error(args: fmt::Arguments<'_>) {
     #[cfg(feature = "tracing")]
     if self::tracing::has_subscriber() {
         ::tracing::error!(target: "jobguard", "{args}");
+        return;
+    }
+    eprintln!("{args}");
+}
+
+/// Writes a warning to the log, as [`log_error`] does an error.
+#[cold]
+pub(crate) fn log_warn(args: fmt::Arguments<'_>) {
+    #[cfg(feature = "tracing")]
+    if self::tracing::has_subscriber() {
+        ::tracing::warn!(target: "jobguard", "{args}");
         return;
     }
     eprintln!("{args}");

@@ -90,6 +90,25 @@
 //! * Replication is asynchronous, as everywhere in Redis: a claim or a result that a master
 //!   acknowledged in the instant before it died may not have reached its replica, and is then
 //!   lost in the failover (so that key can run again).
+//! # `maxmemory`
+//!
+//! A Redis server with a `maxmemory` limit evicts keys by its `maxmemory-policy` when it reaches
+//! the limit. A claim evicted while its job runs lets a redelivery run the job a second time;
+//! a completed record evicted before its TTL lets a redelivery run it again too. Every key this
+//! store writes carries an expiry (the lease, then the TTL), so:
+//!
+//! | policy | what it does to jobguard's keys |
+//! |---|---|
+//! | `noeviction` | **safe**: nothing is evicted; at the limit, writes fail, so a new claim fails closed with [`Error::Store`] and the job does not run. Replays keep working. |
+//! | no `maxmemory` (`0`, the default) | **safe**: nothing is evicted; the server grows. |
+//! | `volatile-ttl` | **not safe for claims**: it evicts the keys nearest their expiry first, and a live claim (a lease of seconds) is nearer than any completed record (a TTL of hours). |
+//! | `volatile-lru`, `volatile-lfu`, `volatile-random` | **not safe**: any key with an expiry, which is every jobguard key. |
+//! | `allkeys-lru`, `allkeys-lfu`, `allkeys-random` | **not safe**: any key at all. |
+//!
+//! So give the store a server (not only a database: the limit and the policy are per server)
+//! with `maxmemory-policy noeviction`, sized for the jobs of one TTL, and keep caches elsewhere.
+//! [`RedisStore::connect`] asks the server (`CONFIG GET maxmemory*`) and logs a warning, once
+//! per process, when its settings can evict claims; it stays quiet when `CONFIG` is disabled.
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
@@ -99,9 +118,61 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// Logs a warning, once per process, when the server may evict keys to stay under `maxmemory`
+/// (see [`eviction_risk`]). Says nothing when it cannot tell: `CONFIG` is often disabled or
+/// renamed on managed servers.
+async fn warn_if_claims_can_be_evicted(connection: &mut RedisConnection) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.load(Ordering::Relaxed) {
+        return;
+    }
+    let config: Result<HashMap<String, String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(connection)
+        .await;
+    let Ok(config) = config else { return };
+    let maxmemory = config.get("maxmemory").map_or("0", String::as_str);
+    let policy = config.get("maxmemory-policy").map_or("", String::as_str);
+    if let Some(risk) = eviction_risk(maxmemory, policy)
+        && !WARNED.swap(true, Ordering::Relaxed)
+    {
+        crate::observe::log_warn(format_args!(
+            "jobguard: this Redis server has maxmemory {maxmemory} and maxmemory-policy {policy}: \
+             {risk}. A claim evicted while its job runs lets a redelivery run the job again; \
+             give jobguard a server of its own with maxmemory-policy noeviction, where \
+             a full server refuses new claims instead"
+        ));
+    }
+}
+
+/// What the server's eviction settings can do to jobguard's keys, or `None` when they cannot
+/// evict them: no `maxmemory` (`0`), or `noeviction`. Every key jobguard writes has an expiry,
+/// so the `volatile-*` policies can pick them as well as the `allkeys-*` ones; `volatile-ttl`
+/// picks the keys nearest their expiry first, which are the claims (a lease of seconds) before
+/// the completed records (a TTL of hours).
+pub(crate) fn eviction_risk(maxmemory: &str, policy: &str) -> Option<&'static str> {
+    if maxmemory.trim() == "0" || policy == "noeviction" {
+        return None;
+    }
+    Some(match policy {
+        p if p.starts_with("allkeys-") => "it may evict any key, live claims included",
+        "volatile-ttl" => {
+            "it evicts the keys nearest their expiry first, and a live claim (a lease of \
+             seconds) is nearer than a completed record"
+        }
+        p if p.starts_with("volatile-") => {
+            "it may evict any key with an expiry, and every jobguard key has one"
+        }
+        _ => "it may evict keys",
+    })
+}
 
 /// The longest key stored verbatim, in bytes; longer ones are hashed.
 pub const MAX_VERBATIM_KEY: usize = 200;
@@ -238,7 +309,8 @@ impl RedisStore {
         url: &str,
         config: ConnectionManagerConfig,
     ) -> Result<Self, Error> {
-        let connection = RedisConnection::connect(url, config).await?;
+        let mut connection = RedisConnection::connect(url, config).await?;
+        warn_if_claims_can_be_evicted(&mut connection).await;
         Ok(RedisStore { connection })
     }
 
@@ -278,7 +350,8 @@ impl RedisStore {
     /// Connects to the cluster that `builder` names, with its settings; start from
     /// [`RedisStore::cluster_builder`] to keep the defaults you do not change.
     pub async fn connect_cluster_with(builder: ClusterClientBuilder) -> Result<Self, Error> {
-        let connection = RedisConnection::connect_cluster(builder).await?;
+        let mut connection = RedisConnection::connect_cluster(builder).await?;
+        warn_if_claims_can_be_evicted(&mut connection).await;
         Ok(RedisStore { connection })
     }
 
@@ -648,6 +721,33 @@ impl Transient for redis::RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_noeviction_or_no_maxmemory_keeps_every_claim() {
+        assert_eq!(eviction_risk("0", "allkeys-lru"), None);
+        assert_eq!(eviction_risk("104857600", "noeviction"), None);
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert!(eviction_risk("104857600", policy).is_some(), "{policy}");
+        }
+        assert!(
+            eviction_risk("1", "allkeys-lru")
+                .unwrap()
+                .contains("live claims")
+        );
+        assert!(
+            eviction_risk("1", "volatile-ttl")
+                .unwrap()
+                .contains("claim")
+        );
+    }
 
     fn rk(scope: &str, key: &str) -> String {
         RedisStore::redis_key(StoreKey { scope, key })
