@@ -9,7 +9,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,58 +134,6 @@ impl DeadLetter {
             T::deserialize(value)
                 .map_err(|e| crate::Error::Corrupt(format!("dead letter payload: {e}"))),
         )
-    }
-}
-
-/// What a job call gathers for its dead letter on the failure path: the last errors and a
-/// reference to the arguments. Empty until the first failure; nothing here allocates or
-/// serializes while attempts succeed.
-pub(crate) struct Trail {
-    history: VecDeque<String>,
-}
-
-/// Arguments that can be serialized when, and only when, a letter is written.
-pub(crate) trait Payload: Sync {
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
-}
-
-impl<P: Serialize + Sync> Payload for P {
-    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::to_value(self)
-    }
-}
-
-impl Trail {
-    pub(crate) const fn new() -> Self {
-        Trail {
-            history: VecDeque::new(),
-        }
-    }
-
-    /// Notes one failure (an attempt's error, or a refusal by the breaker).
-    #[cold]
-    pub(crate) fn failed(&mut self, error: &dyn Display) {
-        if self.history.len() == DeadLetter::HISTORY {
-            self.history.pop_front();
-        }
-        self.history.push_back(error.to_string());
-    }
-
-    /// Completes `letter` with the history and the serialized payload. A payload that cannot be
-    /// serialized is reported and left out: the letter itself is never lost for it.
-    pub(crate) fn seal(&mut self, payload: Option<&dyn Payload>, letter: DeadLetter) -> DeadLetter {
-        let payload = payload.and_then(|p| match p.to_json() {
-            Ok(value) => Some(value),
-            Err(e) => {
-                crate::observe::log_error(format_args!(
-                    "jobguard: job {} gave up and its payload could not be serialized: {e}",
-                    letter.job
-                ));
-                None
-            }
-        });
-        let history = Vec::from(std::mem::take(&mut self.history));
-        letter.with_history(history).with_payload(payload)
     }
 }
 

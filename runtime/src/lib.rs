@@ -30,11 +30,13 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
+mod bounds;
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
 mod error;
-pub mod idempotent;
+pub mod idempotency;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
@@ -42,6 +44,7 @@ mod retry;
 pub mod runtime;
 pub mod store;
 
+pub use attempt::{Attempt, Delivery, attempt};
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use classify::{Transient, Verdict, http_verdict};
 #[cfg(feature = "redis")]
@@ -49,6 +52,7 @@ pub use dead_letter::redis::{RedisDeadLetters, RedriveError};
 pub use dead_letter::{DeadLetter, DeadLetterSink, GiveUp, LogDeadLetters, MemoryDeadLetters};
 pub use dead_letter::{FnDeadLetters, from_fn};
 pub use error::Error;
+pub use idempotency::Idempotent;
 pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
@@ -149,7 +153,7 @@ pub use jobguard_macros::retry;
 /// # Equivalent code without the attribute
 ///
 /// ```
-/// # use jobguard::idempotent::Idempotent;
+/// # use jobguard::idempotency::Idempotent;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let order_id = "order-A";
@@ -163,121 +167,14 @@ pub use jobguard_macros::retry;
 #[doc(inline)]
 pub use jobguard_macros::idempotent;
 
-/// What expanded attributes call. Not public API: it changes without notice.
+/// What expanded attributes call. Not public API: it changes without notice. Nothing in this
+/// crate calls it; every item lives in its own module.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::idempotent::Idempotent;
+    pub use crate::bounds::*;
+    pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::Retry;
+    pub use crate::retry::{OkClassifier, Payload, Retry};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
-
-    use crate::{Transient, Verdict};
-
-    /// `on = transient`: the error's own verdict.
-    #[inline]
-    pub fn transient<E: Transient>(error: &E) -> Verdict {
-        error.verdict()
-    }
-
-    /// `#[transient(after = field)]`: the field's `Duration`, or the curve when it is `None`.
-    #[inline]
-    pub fn after<D: RetryAfter + ?Sized>(field: &D) -> Verdict {
-        match field.retry_after() {
-            Some(d) => Verdict::RetryAfter(d),
-            None => Verdict::Retry,
-        }
-    }
-
-    /// A field that `#[transient(after = field)]` can read.
-    #[diagnostic::on_unimplemented(
-        message = "`#[transient(after = ...)]` needs a `Duration` or `Option<Duration>` field, not `{Self}`"
-    )]
-    pub trait RetryAfter {
-        /// The wait the field asks for.
-        fn retry_after(&self) -> Option<Duration>;
-    }
-    impl RetryAfter for Duration {
-        fn retry_after(&self) -> Option<Duration> {
-            Some(*self)
-        }
-    }
-    impl RetryAfter for Option<Duration> {
-        fn retry_after(&self) -> Option<Duration> {
-            *self
-        }
-    }
-
-    /// `on = all`: every failure is retried.
-    #[inline]
-    pub fn all<E>(_: &E) -> Verdict {
-        Verdict::Retry
-    }
-
-    /// The stored form of an idempotency key: its `Display`.
-    #[inline]
-    pub fn key<K: Key + ?Sized>(key: &K) -> String {
-        key.to_string()
-    }
-
-    /// Names the bound that `#[idempotent(key = ...)]` needs of the key, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be an idempotency key",
-        label = "`key` is stored in its `Display` form, and `{Self}` does not implement `Display`",
-        note = "key by a field or a string built from the parameters (`key = order.id`, `key = format!(\"{{tenant}}:{{id}}\")`), or implement `std::fmt::Display` for `{Self}`"
-    )]
-    pub trait Key: core::fmt::Display {}
-    #[diagnostic::do_not_recommend]
-    impl<K: core::fmt::Display + ?Sized> Key for K {}
-
-    /// Names the bound that `#[idempotent(fingerprint = ...)]` needs, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be fingerprinted",
-        label = "`fingerprint` is hashed from its serde JSON form, so it needs `serde::Serialize`",
-        note = "fingerprint the parameters that define the request, such as `fingerprint = (amount, currency)`, and derive `serde::Serialize` for their types"
-    )]
-    pub trait Fingerprint: serde::Serialize {}
-    #[diagnostic::do_not_recommend]
-    impl<T: serde::Serialize + ?Sized> Fingerprint for T {}
-
-    /// `fingerprint = EXPR`: a SHA-256 digest of the value's JSON form, stable across processes
-    /// and builds.
-    pub fn fingerprint<T: Fingerprint + ?Sized>(value: &T) -> String {
-        use sha2::{Digest, Sha256};
-        let bytes = serde_json::to_vec(value)
-            .unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
-        let digest = Sha256::digest(&bytes);
-        digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// Names the bound that `#[retry(payload = ...)]` needs of the arguments, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`#[retry(payload = ...)]` cannot carry `{Self}` in a dead letter",
-        label = "the payload is serialized with serde into the letter, so it needs `serde::Serialize + Sync`",
-        note = "derive `serde::Serialize` for the arguments' types, or leave out the ones that cannot be serialized"
-    )]
-    pub trait Payload: serde::Serialize + Sync {}
-    #[diagnostic::do_not_recommend]
-    impl<P: serde::Serialize + Sync + ?Sized> Payload for P {}
-
-    /// Names the bound that `#[idempotent]` needs of the `Ok` type, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be stored for replay",
-        label = "`#[idempotent]` stores the `Ok` value, so it needs `serde::Serialize + serde::de::DeserializeOwned`",
-        note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
-    )]
-    pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
-    // `do_not_recommend`: a missing serde derive is one error in the words above, not one per
-    // serde trait in rustc's.
-    #[diagnostic::do_not_recommend]
-    impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
-
-    /// Names the bound that `timeout`, `budget` and `breaker` need, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot carry jobguard's own errors",
-        label = "this error type needs `From<jobguard::Error>`",
-        note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add `impl From<jobguard::Error> for {Self}`, or a variant `#[transient(from)] Jobguard(#[from] jobguard::Error)`"
-    )]
-    pub trait FromJobguard: From<crate::Error> {}
-    impl<E: From<crate::Error>> FromJobguard for E {}
 }

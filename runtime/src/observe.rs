@@ -8,10 +8,28 @@ use std::time::Duration;
 /// raises its events without looking up the runtime in scope at all.
 static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// See [`OBSERVED`].
+/// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Nothing: no observer was ever built and neither integration is compiled in. The call
+    /// builds no event.
+    Nobody,
+    /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
+    Integrations,
+    /// A runtime with an observer exists: events go through the runtime in scope.
+    Observers,
+}
+
+/// Who sees the events of a call starting now.
 #[inline]
-pub(crate) fn observed() -> bool {
-    OBSERVED.load(std::sync::atomic::Ordering::Relaxed)
+pub(crate) fn watch() -> Watch {
+    if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
+        Watch::Observers
+    } else if cfg!(any(feature = "metrics", feature = "tracing")) {
+        Watch::Integrations
+    } else {
+        Watch::Nobody
+    }
 }
 
 /// Notes that a runtime with an observer exists. Called before that runtime can run a job.

@@ -126,54 +126,6 @@ impl Policy {
             self.cap
         }
     }
-
-    /// Runs `f` under this policy without any macro: the loop behind `#[retry]`.
-    ///
-    /// `f` is called with the attempt number (from 1). Failures are classified by
-    /// [`Transient`](crate::Transient); the give-up goes to the runtime's dead-letter sink, and
-    /// the last error is returned.
-    ///
-    /// ```
-    /// use jobguard::{Jitter, Policy};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let policy = Policy::new().attempts(3).jitter(Jitter::None);
-    /// let got = policy
-    ///     .run("fetch", async |attempt| {
-    ///         if attempt < 3 {
-    ///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
-    ///         } else {
-    ///             Ok(attempt)
-    ///         }
-    ///     })
-    ///     .await;
-    /// assert_eq!(got.unwrap(), 3);
-    /// # }
-    /// ```
-    pub async fn run<T, E, F>(&self, job: &str, mut f: F) -> Result<T, E>
-    where
-        F: AsyncFnMut(u32) -> Result<T, E>,
-        E: crate::Transient + From<crate::Error> + std::fmt::Display,
-    {
-        let mut retry = crate::retry::Retry::new(job, self);
-        // Without a time limit nothing can cut an attempt: the unguarded loop serves.
-        let guarded = self.timeout.is_some() || self.budget.is_some();
-        loop {
-            let attempt = retry.next_attempt();
-            let step = if guarded {
-                retry
-                    .attempt_guarded(f(attempt), crate::Transient::verdict)
-                    .await
-            } else {
-                retry.attempt(f(attempt), crate::Transient::verdict).await
-            };
-            if let core::ops::ControlFlow::Break(done) = step {
-                return done;
-            }
-        }
-    }
 }
 
 #[cfg(test)]

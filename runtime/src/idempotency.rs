@@ -3,7 +3,7 @@
 //! [`Idempotent`] is what `#[idempotent]` expands to, and can be used without the macro:
 //!
 //! ```
-//! use jobguard::idempotent::Idempotent;
+//! use jobguard::idempotency::Idempotent;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -28,6 +28,8 @@
 //! `lease`, and make the side effect itself idempotent where the dependency allows it (pass the
 //! key on to a gateway that accepts idempotency keys).
 
+use crate::attempt::FirstAttempt;
+use crate::bounds::{FromJobguard, Replayable};
 use crate::observe::{Event, log_error};
 use crate::store::{Claim, Store, StoreKey};
 use crate::{Error, Runtime};
@@ -133,8 +135,8 @@ impl<'a> Idempotent<'a> {
     pub fn run<T, E, F>(self, work: F) -> impl Future<Output = Result<T, E>>
     where
         F: Future<Output = Result<T, E>>,
-        T: crate::__private::Replayable,
-        E: crate::__private::FromJobguard,
+        T: Replayable,
+        E: FromJobguard,
     {
         // Not an `async fn`: a bound the job's types miss is one error at the call, not a
         // second one at the `.await`.
@@ -144,8 +146,8 @@ impl<'a> Idempotent<'a> {
     async fn claimed<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
-        T: crate::__private::Replayable,
-        E: crate::__private::FromJobguard,
+        T: Replayable,
+        E: FromJobguard,
     {
         let runtime = Runtime::current();
         let store = self
@@ -240,7 +242,7 @@ impl<'a> Idempotent<'a> {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let mut work = pin!(work);
+        let mut work = pin!(FirstAttempt::new(work));
         let every = self.lease / 3;
         let mut lost = false;
         loop {
