@@ -35,7 +35,10 @@ async fn broken(n: u64) -> Result<u64, io::Error> {
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let contender = args.next().unwrap_or_else(|| "retry".to_owned());
-    let calls: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(1_000_000);
+    let calls: u64 = args
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000_000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

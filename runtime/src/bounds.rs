@@ -75,8 +75,8 @@ impl<T: serde::Serialize + ?Sized> Fingerprint for T {}
 /// and builds.
 pub fn fingerprint<T: Fingerprint + ?Sized>(value: &T) -> String {
     use sha2::{Digest, Sha256};
-    let bytes = serde_json::to_vec(value)
-        .unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
+    let bytes =
+        serde_json::to_vec(value).unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
     let digest = Sha256::digest(&bytes);
     digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }

@@ -526,12 +526,7 @@ pin_project_lite::pin_project! {
 }
 
 impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
-    fn new(
-        retry: &'r mut Retry<'a>,
-        attempt: F,
-        on_err: C,
-        lift: Option<fn(Error) -> E>,
-    ) -> Self {
+    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, lift: Option<fn(Error) -> E>) -> Self {
         Round {
             retry,
             on_err: Some(on_err),
@@ -593,9 +588,10 @@ where
                         }
                         (Err(refused), Some(lift)) => {
                             // Refused: no attempt is made or counted.
-                            let next = this.retry.failed(&refused, Origin::CircuitOpen, Verdict::Fail);
-                            this.state
-                                .set(State::after(next, Err(lift(refused))));
+                            let next =
+                                this.retry
+                                    .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
+                            this.state.set(State::after(next, Err(lift(refused))));
                         }
                         // Only a guarded round has a breaker to refuse it.
                         (Err(_), None) => unreachable!("a breaker on an unguarded round"),
@@ -613,7 +609,8 @@ where
                     };
                     let (result, origin) = match polled {
                         Poll::Ready(result) => (result, Origin::Body),
-                        Poll::Pending => match (limit.as_pin_mut().map(|l| l.poll(cx)), *this.lift) {
+                        Poll::Pending => match (limit.as_pin_mut().map(|l| l.poll(cx)), *this.lift)
+                        {
                             (Some(Poll::Ready(())), Some(lift)) => {
                                 let error = match cut {
                                     Origin::Budget => Error::Budget,
@@ -863,7 +860,14 @@ mod tests {
     fn a_transient_failure_waits_on_the_curve() {
         for (attempt, ms) in [(1, 100), (2, 200)] {
             assert_eq!(
-                decide(&POLICY, attempt, Origin::Body, Verdict::Retry, None, curve(attempt)),
+                decide(
+                    &POLICY,
+                    attempt,
+                    Origin::Body,
+                    Verdict::Retry,
+                    None,
+                    curve(attempt)
+                ),
                 Decision::RetryAfter(Duration::from_millis(ms))
             );
         }
@@ -916,11 +920,25 @@ mod tests {
         let budget = POLICY.budget(Duration::from_millis(250));
         let elapsed = |ms| Some(Duration::from_millis(ms));
         assert_eq!(
-            decide(&budget, 1, Origin::Body, Verdict::Retry, elapsed(100), curve(1)),
+            decide(
+                &budget,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                elapsed(100),
+                curve(1)
+            ),
             Decision::RetryAfter(Duration::from_millis(100))
         );
         assert_eq!(
-            decide(&budget, 1, Origin::Body, Verdict::Retry, elapsed(150), curve(1)),
+            decide(
+                &budget,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                elapsed(150),
+                curve(1)
+            ),
             Decision::GiveUp(GiveUp::Budget)
         );
         let forever = Verdict::RetryAfter(Duration::MAX);
