@@ -27,6 +27,33 @@
 //!
 //! The attributes expand into a few calls on this crate; all logic lives here, where it is
 //! tested. See the README for the "equivalent code without the attribute".
+//!
+//! # Modules, and what each may import
+//!
+//! Imports flow one way, from the top of this list to the bottom; no module imports one above
+//! it, so there is no circle. (`std`, `tokio` and the other dependencies are free.)
+//!
+//! - `__private` (hidden): what expansions call. Re-exports only; nothing in the crate calls it.
+//! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
+//!   below except `idempotency` and `store`.
+//! - [`idempotency`]: claim, run, store, replay. May import `runtime`, `store`, `observe`,
+//!   `attempt`, `bounds`, `error`.
+//! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),
+//!   `observe`, `record`.
+//! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
+//!   `observe`.
+//! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
+//!   import `observe`, `record`, `classify`, `error`; the Redis sink shares the Redis store's
+//!   connection settings and its one TLS crypto-provider installer.
+//! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
+//!   views. May import `record`, `classify`.
+//! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
+//!   import `classify`, `error`.
+//! - `attempt`: [`attempt()`] and [`Delivery`]. Imports nothing of the crate.
+//! - [`policy`]: may import `jitter`.
+//! - `record`: [`GiveUp`], [`DeadLetter`], [`BreakerState`]: plain data. May import `error`.
+//! - [`classify`]: may import `error`.
+//! - [`jitter`], `error`: import nothing of the crate.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -40,6 +67,7 @@ pub mod idempotency;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
+mod record;
 mod retry;
 pub mod runtime;
 pub mod store;

@@ -1,6 +1,7 @@
 //! Observer hooks: every attempt, retry delay, give-up, replay and breaker transition.
 
-use crate::{DeadLetter, Verdict};
+use crate::classify::Verdict;
+use crate::record::{BreakerState, DeadLetter};
 use std::fmt;
 use std::time::Duration;
 
@@ -150,9 +151,9 @@ pub enum Event<'a> {
         /// The breaker's [`name`](crate::CircuitBreaker::name).
         breaker: &'a str,
         /// The state it left.
-        from: crate::BreakerState,
+        from: BreakerState,
         /// The state it entered.
-        to: crate::BreakerState,
+        to: BreakerState,
     },
 }
 

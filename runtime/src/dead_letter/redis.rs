@@ -161,7 +161,7 @@ impl RedisDeadLetters {
         let client = ::redis::Client::open(url)
             .map_err(|e| Error::Store(format!("invalid Redis URL: {e}")))?;
         if url.starts_with("rediss://") {
-            install_crypto_provider();
+            crate::store::redis::install_crypto_provider();
         }
         let config = crate::store::redis::RedisStore::default_config();
         let connection = ConnectionManager::new_with_config(client, config)
@@ -396,15 +396,6 @@ fn parse_range(reply: Value) -> Result<Entries, String> {
             Ok((id, letter))
         })
         .collect()
-}
-
-/// Installs rustls' `ring` provider as the process default unless one is installed already, so
-/// that a `rediss://` handshake finds a provider whatever else the build enabled.
-fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: some provider is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 #[cfg(test)]

@@ -258,8 +258,9 @@ fn decode_claim(reply: Value) -> Result<Claim, Error> {
 }
 
 /// Installs rustls' `ring` provider as the process default unless one is installed already, so
-/// that the TLS handshake finds a provider whatever else the build enabled.
-fn install_crypto_provider() {
+/// that the TLS handshake finds a provider whatever else the build enabled. The one installer:
+/// the Redis dead-letter sink calls it too.
+pub(crate) fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race with another installer is fine: some provider is installed.
         let _ = rustls::crypto::ring::default_provider().install_default();
