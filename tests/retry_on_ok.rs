@@ -153,7 +153,11 @@ async fn policy_run_if_ok_retries_values_of_a_closure() {
     let letters = letters.letters();
     assert_eq!(letters.len(), 1);
     assert_eq!(
-        (letters[0].job.as_str(), letters[0].reason, letters[0].attempts),
+        (
+            letters[0].job.as_str(),
+            letters[0].reason,
+            letters[0].attempts
+        ),
         ("poll", GiveUp::Exhausted, 3)
     );
 }

@@ -156,4 +156,3 @@ impl fmt::Display for BreakerState {
         f.write_str(self.as_str())
     }
 }
-
