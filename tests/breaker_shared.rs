@@ -1,4 +1,4 @@
-//! The breaker's must-show: one `static` shared by two annotated functions opens after N
+//! One `static` shared by two annotated functions opens after N
 //! failures across both, fails fast, and closes after one good probe.
 
 use jobguard::{
