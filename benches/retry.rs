@@ -38,11 +38,6 @@ async fn work(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
     }
 }
 
-/// Calls `work` once.
-async fn bare(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
-    work(calls, fail).await
-}
-
 /// Calls `work` until it succeeds, with nothing in between.
 async fn bare_loop(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
     loop {
