@@ -280,13 +280,13 @@ impl<'a> Retry<'a> {
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
-    /// it runs under. `Err` is the breaker's refusal, which counts as no attempt.
+    /// it runs under.
     #[inline]
-    fn admit(&mut self) -> Result<Option<(Instant, Origin)>, Error> {
+    fn admit(&mut self) -> Admitted {
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
                 Ok(permit) => self.permit = Some(permit),
-                Err(retry_in) => return Err(Error::CircuitOpen { retry_in }),
+                Err(retry_in) => return Admitted::Refused(retry_in),
             }
         }
         self.running = Running {
@@ -304,15 +304,19 @@ impl<'a> Retry<'a> {
                 attempt: self.running.number,
             });
         }
-        Ok(match (self.policy.timeout, self.policy.budget) {
+        match (self.policy.timeout, self.policy.budget) {
             // A breaker alone needs no clock.
-            (None, None) => None,
-            (timeout, budget) => self.limit(timeout, budget),
-        })
+            (None, None) => Admitted::Run,
+            (timeout, budget) => match self.limit(timeout, budget) {
+                Some((at, cut)) => Admitted::Until(at, cut),
+                None => Admitted::Run,
+            },
+        }
     }
 
     /// The attempt's time limit: the nearer of its timeout and the budget's end. A limit too far
     /// out to represent is no limit.
+    #[cold]
     fn limit(
         &mut self,
         timeout: Option<Duration>,
@@ -464,6 +468,16 @@ impl<'a> Retry<'a> {
 /// The dead letter on its way to the sink.
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
+/// What the admission of an attempt says.
+enum Admitted {
+    /// Run it, with no time limit.
+    Run,
+    /// Run it until this instant, then cut it for this reason.
+    Until(Instant, Origin),
+    /// The breaker refused it, open for this much longer; it counts as no attempt.
+    Refused(Duration),
+}
+
 /// What follows a failed outcome, as [`Retry::failed`] decides it.
 enum Next<'a> {
     RetryAfter(Duration),
@@ -483,6 +497,9 @@ pin_project_lite::pin_project! {
     /// One turn of the retry loop, from [`Retry::attempt`]: admit the attempt, run it, then
     /// accept its outcome, sleep before the next attempt, or give up. Resolves to `Break` with
     /// the call's result, or `Continue` when the loop makes the next attempt.
+    ///
+    /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
+    /// failed) are pinned beside the [`State`], which says which of them is live.
     #[must_use = "a round does nothing unless awaited"]
     pub struct Round<'r, 'a, T, E, F, C, K> {
         retry: &'r mut Retry<'a>,
@@ -490,51 +507,52 @@ pin_project_lite::pin_project! {
         on_ok: Option<K>,
         // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
         lift: Option<fn(Error) -> E>,
+        state: State,
+        // While giving up: the dead letter on its way, and the result to return after it.
+        sending: Option<Sending<'a>>,
+        result: Option<Result<T, E>>,
         #[pin]
-        state: State<'a, T, E, F>,
+        attempt: F,
+        #[pin]
+        timer: Option<Sleep>,
     }
 }
 
-pin_project_lite::pin_project! {
-    /// Where a [`Round`] is.
-    #[project = StateProj]
-    enum State<'a, T, E, F> {
-        /// Not polled yet: the breaker is asked and the attempt counted at the first poll.
-        Admit { attempt: Option<F> },
-        /// The attempt runs, cut at `limit` (its timeout or the budget's end, as `cut` says).
-        Run {
-            #[pin]
-            attempt: F,
-            #[pin]
-            limit: Option<Sleep>,
-            cut: Origin,
-        },
-        /// The attempt failed; the next one starts when `delay` has passed (at once without
-        /// one: a zero delay needs no timer).
-        Sleep {
-            #[pin]
-            delay: Option<Sleep>,
-        },
-        /// The call gave up; `result` is returned once the dead letter is sent.
-        GiveUp {
-            sending: Sending<'a>,
-            result: Option<Result<T, E>>,
-        },
-        /// The round resolved.
-        Done,
-    }
+/// Where a [`Round`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not polled yet: the breaker is asked and the attempt counted at the first poll.
+    Admit,
+    /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout or
+    /// the budget's end).
+    Run { cut: Origin },
+    /// The attempt failed; the next one starts when the timer fires (at once without one: a
+    /// zero delay needs no timer).
+    Sleep,
+    /// The call gave up: the dead letter is being sent, and the result is returned after it.
+    GiveUp,
+    /// The round resolved.
+    Done,
 }
 
 impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
-    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, lift: Option<fn(Error) -> E>) -> Self {
+    #[inline]
+    fn new(
+        retry: &'r mut Retry<'a>,
+        attempt: F,
+        on_err: C,
+        lift: Option<fn(Error) -> E>,
+    ) -> Self {
         Round {
             retry,
             on_err: Some(on_err),
             on_ok: None,
             lift,
-            state: State::Admit {
-                attempt: Some(attempt),
-            },
+            state: State::Admit,
+            sending: None,
+            result: None,
+            attempt,
+            timer: None,
         }
     }
 
@@ -542,6 +560,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
     /// [`Verdict::RetryAfter`] or `true` retries it like a transient failure. When the attempts
     /// run out on a retried value, that last value is returned and the job is dead-lettered as
     /// [`GiveUp::Exhausted`].
+    #[inline]
     pub fn on_ok<K2>(self, on_ok: K2) -> Round<'r, 'a, T, E, F, C, K2>
     where
         K2: OkClassifier<T>,
@@ -552,6 +571,10 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: Some(on_ok),
             lift: self.lift,
             state: self.state,
+            sending: self.sending,
+            result: self.result,
+            attempt: self.attempt,
+            timer: self.timer,
         }
     }
 }
@@ -569,60 +592,52 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Admit { attempt } => {
-                    let Some(attempt) = attempt.take() else {
-                        unreachable!("an unpolled round holds its attempt")
-                    };
-                    match (this.retry.admit(), *this.lift) {
-                        (Ok(limit), _) => {
-                            let (limit, cut) = match limit {
-                                Some((at, cut)) => (Some(tokio::time::sleep_until(at)), cut),
-                                None => (None, Origin::Body),
-                            };
-                            this.state.set(State::Run {
-                                attempt,
-                                limit,
-                                cut,
-                            });
-                        }
-                        (Err(refused), Some(lift)) => {
-                            // Refused: no attempt is made or counted.
-                            let next =
-                                this.retry
-                                    .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
-                            this.state.set(State::after(next, Err(lift(refused))));
-                        }
-                        // Only a guarded round has a breaker to refuse it.
-                        (Err(_), None) => unreachable!("a breaker on an unguarded round"),
+            match *this.state {
+                State::Admit => match (this.retry.admit(), *this.lift) {
+                    (Admitted::Run, _) => *this.state = State::Run { cut: Origin::Body },
+                    (Admitted::Until(at, cut), _) => {
+                        this.timer.set(Some(tokio::time::sleep_until(at)));
+                        *this.state = State::Run { cut };
                     }
-                }
-                StateProj::Run {
-                    attempt,
-                    limit,
-                    cut,
-                } => {
+                    (Admitted::Refused(retry_in), Some(lift)) => {
+                        // Refused: no attempt is made or counted.
+                        let refused = Error::CircuitOpen { retry_in };
+                        let next = this
+                            .retry
+                            .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
+                        *this.result = Some(Err(lift(refused)));
+                        *this.state = Self::after(next, &mut this.timer, this.sending);
+                    }
+                    // Only a guarded round has a breaker to refuse it.
+                    (Admitted::Refused(_), None) => {
+                        unreachable!("a breaker on an unguarded round")
+                    }
+                },
+                State::Run { cut } => {
                     let polled = {
                         #[cfg(feature = "tracing")]
                         let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
+                        let attempt = this.attempt.as_mut();
                         attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
                     };
                     let (result, origin) = match polled {
                         Poll::Ready(result) => (result, Origin::Body),
-                        Poll::Pending => match (limit.as_pin_mut().map(|l| l.poll(cx)), *this.lift)
-                        {
-                            (Some(Poll::Ready(())), Some(lift)) => {
-                                let error = match cut {
-                                    Origin::Budget => Error::Budget,
-                                    _ => Error::Timeout,
-                                };
-                                (Err(lift(error)), *cut)
+                        Poll::Pending => {
+                            let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
+                            match (limit, *this.lift) {
+                                (Some(Poll::Ready(())), Some(lift)) => {
+                                    let error = match cut {
+                                        Origin::Budget => Error::Budget,
+                                        _ => Error::Timeout,
+                                    };
+                                    (Err(lift(error)), cut)
+                                }
+                                _ => {
+                                    this.retry.stamp();
+                                    return Poll::Pending;
+                                }
                             }
-                            _ => {
-                                this.retry.stamp();
-                                return Poll::Pending;
-                            }
-                        },
+                        }
                     };
                     let verdict = match (&result, origin) {
                         (Ok(value), _) => match this.on_ok.take() {
@@ -640,47 +655,59 @@ where
                     let next = match &result {
                         Ok(_) if verdict == Verdict::Fail => {
                             this.retry.succeeded();
-                            this.state.set(State::Done);
+                            *this.state = State::Done;
                             return Poll::Ready(ControlFlow::Break(result));
                         }
                         Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
                         Err(error) => this.retry.failed(error, origin, verdict),
                     };
-                    this.state.set(State::after(next, result));
+                    *this.result = Some(result);
+                    *this.state = Self::after(next, &mut this.timer, this.sending);
                 }
-                StateProj::Sleep { delay } => {
-                    if let Some(delay) = delay.as_pin_mut() {
+                State::Sleep => {
+                    if let Some(delay) = this.timer.as_mut().as_pin_mut() {
                         ready!(delay.poll(cx));
                     }
-                    this.state.set(State::Done);
+                    // The failed attempt's result is dropped; the loop makes the next one.
+                    *this.result = None;
+                    *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
                 }
-                StateProj::GiveUp { sending, result } => {
-                    ready!(sending.as_mut().poll(cx));
-                    let result = result.take();
-                    this.state.set(State::Done);
-                    match result {
+                State::GiveUp => {
+                    if let Some(sending) = this.sending {
+                        ready!(sending.as_mut().poll(cx));
+                    }
+                    *this.sending = None;
+                    *this.state = State::Done;
+                    match this.result.take() {
                         Some(result) => return Poll::Ready(ControlFlow::Break(result)),
                         None => unreachable!("a give-up holds its result"),
                     }
                 }
-                StateProj::Done => panic!("a retry round polled after it resolved"),
+                State::Done => panic!("a retry round polled after it resolved"),
             }
         }
     }
 }
 
-impl<'a, T, E, F> State<'a, T, E, F> {
+impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
     /// The state after a failed outcome: asleep before the next attempt, or giving up.
-    fn after(next: Next<'a>, result: Result<T, E>) -> Self {
+    #[cold]
+    fn after(
+        next: Next<'a>,
+        timer: &mut Pin<&mut Option<Sleep>>,
+        sending: &mut Option<Sending<'a>>,
+    ) -> State {
         match next {
-            Next::RetryAfter(delay) => State::Sleep {
-                delay: (!delay.is_zero()).then(|| tokio::time::sleep(delay)),
-            },
-            Next::GiveUp(sending) => State::GiveUp {
-                sending,
-                result: Some(result),
-            },
+            Next::RetryAfter(delay) => {
+                timer.set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
+                State::Sleep
+            }
+            Next::GiveUp(letter) => {
+                timer.set(None);
+                *sending = Some(letter);
+                State::GiveUp
+            }
         }
     }
 }
