@@ -87,54 +87,83 @@ impl Delivery {
 /// `None` outside a guarded call. Inside one, the attempt's number (from 1), the delivery in
 /// scope, and when the attempt started.
 pub fn attempt() -> Option<Attempt> {
-    let mut now = RUNNING.get()?;
-    let started = match now.started {
-        Some(started) => started,
-        None => {
+    let current = CURRENT.get();
+    if current == OUTSIDE {
+        return None;
+    }
+    let started = match STARTED.get() {
+        Some(started) if current & HAS_START != 0 => started,
+        _ => {
+            // Asked during the attempt's first poll: it started in this poll.
             let started = Instant::now();
-            now.started = Some(started);
-            RUNNING.set(Some(now));
+            STARTED.set(Some(started));
+            CURRENT.set(current | HAS_START);
             started
         }
     };
     Some(Attempt {
-        number: now.number,
+        number: current as u32,
         delivery: Delivery::current(),
         started,
     })
 }
 
-/// What the engine knows of the running attempt. Its start is read only when someone asks.
+/// What the engine knows of the running attempt. Its start is read only when someone asks, or
+/// when the attempt outlives its first poll.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Running {
     pub(crate) number: u32,
     pub(crate) started: Option<Instant>,
 }
 
+/// No guarded call is running on this thread.
+const OUTSIDE: u64 = 0;
+/// Set beside the number when [`STARTED`] holds the running attempt's start.
+const HAS_START: u64 = 1 << 32;
+
 thread_local! {
-    /// The attempt whose body is being polled on this thread.
-    static RUNNING: Cell<Option<Running>> = const { Cell::new(None) };
+    /// The attempt whose body is being polled on this thread: its number in the low 32 bits,
+    /// and [`HAS_START`]; [`OUTSIDE`] when none is.
+    static CURRENT: Cell<u64> = const { Cell::new(OUTSIDE) };
+    /// The running attempt's start, when [`CURRENT`] has [`HAS_START`].
+    static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// Polls `poll` with `running` as the attempt in the body, and keeps the start it learned.
 /// The attempt outside (a guarded call inside another) is put back afterwards, also when `poll`
-/// panics.
-#[inline]
+/// panics. A call that nobody asks about touches one thread-local word on the way in and out.
+#[inline(always)]
 pub(crate) fn poll_in<R>(running: &mut Running, poll: impl FnOnce() -> R) -> R {
     struct Restore<'r> {
-        outer: Option<Running>,
+        outer: u64,
+        outer_started: Option<Instant>,
         running: &'r mut Running,
     }
     impl Drop for Restore<'_> {
-        #[inline]
+        #[inline(always)]
         fn drop(&mut self) {
-            if let Some(inner) = RUNNING.replace(self.outer) {
-                self.running.started = inner.started;
+            if CURRENT.replace(self.outer) & HAS_START != 0 {
+                self.running.started = STARTED.get();
+            }
+            if self.outer & HAS_START != 0 {
+                STARTED.set(self.outer_started);
             }
         }
     }
+    let mut current = u64::from(running.number);
+    if running.started.is_some() {
+        current |= HAS_START;
+    }
+    let outer = CURRENT.replace(current);
+    // The start cell is shared with the attempt outside: saved only when one of the two uses it.
+    let outer_started = if (outer | current) & HAS_START != 0 {
+        STARTED.replace(running.started)
+    } else {
+        None
+    };
     let _restore = Restore {
-        outer: RUNNING.replace(Some(*running)),
+        outer,
+        outer_started,
         running,
     };
     poll()

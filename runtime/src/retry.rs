@@ -281,7 +281,7 @@ impl<'a> Retry<'a> {
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
-    #[inline]
+    #[inline(always)]
     fn admit(&mut self) -> Admitted {
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
@@ -351,7 +351,7 @@ impl<'a> Retry<'a> {
     }
 
     /// Books an accepted outcome: the breaker's permit, the event.
-    #[inline]
+    #[inline(always)]
     fn succeeded(&mut self) {
         if let Some(permit) = self.permit.take() {
             permit.success();
