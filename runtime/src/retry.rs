@@ -208,7 +208,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, fn(&T) -> Verdict>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -226,7 +226,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, fn(&T) -> Verdict>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -465,6 +465,9 @@ impl<'a> Retry<'a> {
     }
 }
 
+/// The `on_ok` of a round without one: every `Ok` is accepted (it is never called).
+pub type AcceptOk<T> = fn(&T) -> Verdict;
+
 /// The dead letter on its way to the sink.
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
@@ -537,12 +540,7 @@ enum State {
 
 impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
     #[inline]
-    fn new(
-        retry: &'r mut Retry<'a>,
-        attempt: F,
-        on_err: C,
-        lift: Option<fn(Error) -> E>,
-    ) -> Self {
+    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, lift: Option<fn(Error) -> E>) -> Self {
         Round {
             retry,
             on_err: Some(on_err),
