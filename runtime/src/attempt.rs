@@ -4,7 +4,8 @@
 //! [`Policy::run`](crate::Policy::run), and `None` outside one. A job runner puts its own
 //! delivery count in scope with [`Delivery::scope`], and the attempt carries it.
 //!
-//! ```
+#![cfg_attr(feature = "macros", doc = "```")]
+#![cfg_attr(not(feature = "macros"), doc = "```ignore")]
 //! #[jobguard::retry(attempts = 3, base = "0ms", cap = "0ms", on = all)]
 //! async fn fetch() -> Result<u32, std::io::Error> {
 //!     let attempt = jobguard::attempt().expect("inside a guarded call");
@@ -58,7 +59,8 @@ impl Delivery {
     /// Runs `fut` with this delivery in scope: every guarded call inside it, on this task, sees it
     /// in [`Attempt::delivery`].
     ///
-    /// ```
+    #[cfg_attr(feature = "macros", doc = "```")]
+    #[cfg_attr(not(feature = "macros"), doc = "```ignore")]
     /// use jobguard::Delivery;
     ///
     /// #[jobguard::retry(attempts = 1)]
