@@ -512,13 +512,18 @@ pin_project_lite::pin_project! {
         lift: Option<fn(Error) -> E>,
         state: State,
         // While giving up: the dead letter on its way, and the result to return after it.
-        sending: Option<Sending<'a>>,
-        result: Option<Result<T, E>>,
+        giving_up: Option<GivingUp<'a, T, E>>,
         #[pin]
         attempt: F,
         #[pin]
         timer: Option<Sleep>,
     }
+}
+
+/// A give-up in progress: the dead letter on its way, and the result to return after it.
+struct GivingUp<'a, T, E> {
+    sending: Sending<'a>,
+    result: Result<T, E>,
 }
 
 /// Where a [`Round`] is.
@@ -547,8 +552,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: None,
             lift,
             state: State::Admit,
-            sending: None,
-            result: None,
+            giving_up: None,
             attempt,
             timer: None,
         }
@@ -569,8 +573,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: Some(on_ok),
             lift: self.lift,
             state: self.state,
-            sending: self.sending,
-            result: self.result,
+            giving_up: self.giving_up,
             attempt: self.attempt,
             timer: self.timer,
         }
@@ -603,8 +606,8 @@ where
                         let next = this
                             .retry
                             .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
-                        *this.result = Some(Err(lift(refused)));
-                        *this.state = Self::after(next, &mut this.timer, this.sending);
+                        *this.state =
+                            Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
                     }
                     // Only a guarded round has a breaker to refuse it.
                     (Admitted::Refused(_), None) => {
@@ -659,29 +662,24 @@ where
                         Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
                         Err(error) => this.retry.failed(error, origin, verdict),
                     };
-                    *this.result = Some(result);
-                    *this.state = Self::after(next, &mut this.timer, this.sending);
+                    *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
                 }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
                         ready!(delay.poll(cx));
                     }
-                    // The failed attempt's result is dropped; the loop makes the next one.
-                    *this.result = None;
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
                 }
-                State::GiveUp => {
-                    if let Some(sending) = this.sending {
-                        ready!(sending.as_mut().poll(cx));
+                State::GiveUp => match this.giving_up {
+                    Some(giving_up) => {
+                        ready!(giving_up.sending.as_mut().poll(cx));
+                        let GivingUp { result, .. } = this.giving_up.take().expect("matched");
+                        *this.state = State::Done;
+                        return Poll::Ready(ControlFlow::Break(result));
                     }
-                    *this.sending = None;
-                    *this.state = State::Done;
-                    match this.result.take() {
-                        Some(result) => return Poll::Ready(ControlFlow::Break(result)),
-                        None => unreachable!("a give-up holds its result"),
-                    }
-                }
+                    None => unreachable!("a give-up holds its result"),
+                },
                 State::Done => panic!("a retry round polled after it resolved"),
             }
         }
@@ -690,20 +688,23 @@ where
 
 impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
     /// The state after a failed outcome: asleep before the next attempt, or giving up.
+    /// The failed attempt's result is dropped when the loop goes on, and kept to be returned
+    /// when it gives up.
     #[cold]
     fn after(
         next: Next<'a>,
+        result: Result<T, E>,
         timer: &mut Pin<&mut Option<Sleep>>,
-        sending: &mut Option<Sending<'a>>,
+        giving_up: &mut Option<GivingUp<'a, T, E>>,
     ) -> State {
         match next {
             Next::RetryAfter(delay) => {
                 timer.set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
                 State::Sleep
             }
-            Next::GiveUp(letter) => {
+            Next::GiveUp(sending) => {
                 timer.set(None);
-                *sending = Some(letter);
+                *giving_up = Some(GivingUp { sending, result });
                 State::GiveUp
             }
         }
