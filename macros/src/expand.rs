@@ -380,14 +380,19 @@ fn retry_loop(
             quote_spanned!(span=> #krate::__private::transient)
         }
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
-        Some(On::Classifier(f)) => quote!(#f),
+        // Through a closure, so that a classifier of the wrong type is one error, on its path,
+        // and the round the loop awaits is well-typed whatever the path names.
+        Some(On::Classifier(f)) => quote_spanned! {f.span()=>
+            |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
+        },
     };
     // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
     // reported once, there, rather than once there and again on the whole attribute.
-    let on_ok = r
-        .on_ok
-        .as_ref()
-        .map(|k| quote_spanned!(k.span()=> .on_ok(#k)));
+    let on_ok = r.on_ok.as_ref().map(|k| {
+        quote_spanned! {k.span()=>
+            .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
+        }
+    });
     let call = if guarded {
         quote_spanned!(ret.span()=> __jobguard_retry.#method(#body, #classify) #on_ok .await)
     } else {

@@ -39,6 +39,18 @@ impl RetryAfter for Option<Duration> {
     }
 }
 
+/// `on = path`: the classifier's verdict on the error.
+#[inline(always)]
+pub fn classify<E, C: FnOnce(&E) -> V, V: Into<Verdict>>(classifier: C, error: &E) -> Verdict {
+    classifier(error).into()
+}
+
+/// `on_ok = path`: the classifier's verdict on the `Ok` value.
+#[inline(always)]
+pub fn classify_ok<T, K: crate::retry::OkClassifier<T>>(classifier: K, value: &T) -> Verdict {
+    classifier.classify(value)
+}
+
 /// `on = all`: every failure is retried.
 #[inline]
 pub fn all<E>(_: &E) -> Verdict {

@@ -558,14 +558,15 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
         }
     }
 
-    /// Classifies the `Ok` value too: `on_ok` returning [`Verdict::Retry`],
-    /// [`Verdict::RetryAfter`] or `true` retries it like a transient failure. When the attempts
+    /// Classifies the `Ok` value too: `on_ok` returning [`Verdict::Retry`] or
+    /// [`Verdict::RetryAfter`] retries it like a transient failure (expansions pass an
+    /// [`OkClassifier`] through `__private::classify_ok`). When the attempts
     /// run out on a retried value, that last value is returned and the job is dead-lettered as
     /// [`GiveUp::Exhausted`].
     #[inline]
     pub fn on_ok<K2>(self, on_ok: K2) -> Round<'r, 'a, T, E, F, C, K2>
     where
-        K2: OkClassifier<T>,
+        K2: FnOnce(&T) -> Verdict,
     {
         Round {
             retry: self.retry,
@@ -585,7 +586,7 @@ where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    K: OkClassifier<T>,
+    K: FnOnce(&T) -> Verdict,
     E: Display,
 {
     type Output = ControlFlow<Result<T, E>>;
@@ -642,7 +643,7 @@ where
                     };
                     let verdict = match (&result, origin) {
                         (Ok(value), _) => match this.on_ok.take() {
-                            Some(on_ok) => on_ok.classify(value),
+                            Some(on_ok) => on_ok(value),
                             None => Verdict::Fail,
                         },
                         (Err(error), Origin::Body) => match this.on_err.take() {
@@ -855,7 +856,7 @@ impl Policy {
             let attempt = retry.next_attempt();
             let round = retry
                 .attempt_guarded(f(attempt), crate::Transient::verdict)
-                .on_ok(&on_ok);
+                .on_ok(|value: &T| on_ok(value).into());
             if let ControlFlow::Break(done) = round.await {
                 return done;
             }

@@ -38,7 +38,10 @@ async fn fetch(url: &str) -> Result<Response, HttpError> {
                 },
                 ::jobguard::__private::transient,
             )
-            .on_ok(unavailable)
+            .on_ok(|__jobguard_value: &_| ::jobguard::__private::classify_ok(
+                unavailable,
+                __jobguard_value,
+            ))
             .await
         {
             break __jobguard_done;
