@@ -672,15 +672,18 @@ where
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
                 }
-                State::GiveUp => match this.giving_up {
-                    Some(giving_up) => {
+                State::GiveUp => {
+                    if let Some(giving_up) = this.giving_up.as_mut() {
                         ready!(giving_up.sending.as_mut().poll(cx));
-                        let GivingUp { result, .. } = this.giving_up.take().expect("matched");
-                        *this.state = State::Done;
-                        return Poll::Ready(ControlFlow::Break(result));
                     }
-                    None => unreachable!("a give-up holds its result"),
-                },
+                    *this.state = State::Done;
+                    match this.giving_up.take() {
+                        Some(GivingUp { result, .. }) => {
+                            return Poll::Ready(ControlFlow::Break(result));
+                        }
+                        None => unreachable!("a give-up holds its result"),
+                    }
+                }
                 State::Done => panic!("a retry round polled after it resolved"),
             }
         }
