@@ -118,8 +118,12 @@ pub use jobguard_macros::Transient;
 ///
 /// Arguments (all optional, any order): `attempts`, `base`, `cap`, `jitter`
 /// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
-/// `budget`, `timeout`, `breaker`, `dead_letter`, `payload` (the arguments a dead letter carries
-/// for a redrive: `payload = (order_id, amount)`), `crate`. The README's table gives each one.
+/// `on_ok` (a path to `fn(&T) -> Verdict` or `-> bool`: an `Ok` value it flags is retried, and
+/// the last one returned when the attempts run out), `budget`, `timeout`, `breaker`,
+/// `dead_letter`, `payload` (the arguments a dead letter carries for a redrive:
+/// `payload = (order_id, amount)`), `name` (the job's one name in metrics, tracing, events and
+/// dead letters; default: the function's module path and name), `crate`. The README's table
+/// gives each one. Inside the body, [`attempt()`] tells which attempt is running.
 ///
 /// `return` and `?` in the body end one attempt, not the whole call; the body runs again on a
 /// retry, so it must not move a parameter it needs next time (clone it inside). The future is
@@ -139,7 +143,8 @@ pub use jobguard_macros::Transient;
 /// # }
 /// ```
 ///
-/// The expansion itself is one inline loop over the runtime's `Retry` state: see the README.
+/// The expansion itself is one inline loop over the runtime's retry engine (one `Round` future
+/// per attempt): see the README, whose copy is generated from the expansion snapshots.
 #[cfg(feature = "macros")]
 #[doc(inline)]
 pub use jobguard_macros::retry;

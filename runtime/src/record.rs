@@ -124,7 +124,7 @@ impl DeadLetter {
     }
 }
 
-/// The state of a [`CircuitBreaker`].
+/// The state of a [`CircuitBreaker`](crate::CircuitBreaker).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BreakerState {
     /// Calls go through; failures are counted.
