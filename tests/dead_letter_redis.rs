@@ -98,7 +98,7 @@ async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
         .collect();
     assert_eq!(keys, ["order-B", "order-C"], "oldest first");
     let (id, first) = &listed[0];
-    assert_eq!(first.job, "dead_letter_redis::charge");
+    assert_eq!(first.job, "tests.redis_dead_letters");
     assert_eq!((first.reason, first.attempts), (GiveUp::Exhausted, 3));
     assert_eq!(first.error, "gateway timeout on order-B");
     assert_eq!(first.history, ["gateway timeout on order-B"; 3]);

@@ -3,7 +3,7 @@
 
 use jobguard_testkit::postgres;
 
-use jobguard::idempotent::Idempotent;
+use jobguard::idempotency::Idempotent;
 use jobguard::store::postgres::PgStore;
 use jobguard::{Claim, Error, Store, StoreKey};
 use postgres::PgServer;

@@ -1,6 +1,7 @@
 //! Observer hooks: every attempt, retry delay, give-up, replay and breaker transition.
 
-use crate::{DeadLetter, Verdict};
+use crate::classify::Verdict;
+use crate::record::{BreakerState, DeadLetter};
 use std::fmt;
 use std::time::Duration;
 
@@ -8,15 +9,51 @@ use std::time::Duration;
 /// raises its events without looking up the runtime in scope at all.
 static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// See [`OBSERVED`].
-#[inline]
-pub(crate) fn observed() -> bool {
-    OBSERVED.load(std::sync::atomic::Ordering::Relaxed)
+/// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Nothing: no observer was ever built and neither integration is compiled in. The call
+    /// builds no event.
+    Nobody,
+    /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
+    Integrations,
+    /// A runtime with an observer exists: events go through the runtime in scope.
+    Observers,
 }
 
-/// Notes that a runtime with an observer exists. Called before that runtime can run a job.
-pub(crate) fn note_observer() {
+/// Who sees the events of a call starting now.
+#[inline]
+pub(crate) fn watch() -> Watch {
+    if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
+        Watch::Observers
+    } else if cfg!(any(feature = "metrics", feature = "tracing")) {
+        Watch::Integrations
+    } else {
+        Watch::Nobody
+    }
+}
+
+/// How an event raised below the runtime (a store giving records up) reaches the observer of
+/// the runtime in scope: `runtime` hands this module the way when it notes an observer, so that
+/// `observe` and the stores need not import `runtime`.
+static TO_RUNTIME: std::sync::OnceLock<fn(&Event<'_>)> = std::sync::OnceLock::new();
+
+/// Notes that a runtime with an observer exists, and how to reach the runtime in scope with an
+/// event. Called before that runtime can run a job.
+pub(crate) fn note_observer(to_runtime: fn(&Event<'_>)) {
+    let _ = TO_RUNTIME.set(to_runtime);
     OBSERVED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Raises an event that no job call owns (a store's evictions): through the runtime in scope
+/// when a runtime with an observer exists, else to the `metrics` and `tracing` views alone.
+pub(crate) fn emit_unowned(event: &Event<'_>) {
+    match TO_RUNTIME.get() {
+        Some(to_runtime) if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) => {
+            to_runtime(event)
+        }
+        _ => record_job(event, None),
+    }
 }
 
 /// A job's name, with what observing it needs made once. `#[retry]` keeps one in a `static`
@@ -145,9 +182,9 @@ pub enum Event<'a> {
         /// The breaker's [`name`](crate::CircuitBreaker::name).
         breaker: &'a str,
         /// The state it left.
-        from: crate::BreakerState,
+        from: BreakerState,
         /// The state it entered.
-        to: crate::BreakerState,
+        to: BreakerState,
     },
 }
 

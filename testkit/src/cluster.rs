@@ -15,7 +15,6 @@
 //! Every wait polls the nodes (`CLUSTER INFO`, `CLUSTER NODES`, `INFO replication`) with a
 //! deadline; none sleeps for a guessed time.
 
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -16,7 +16,6 @@
 //! lapse it is short (300 ms), and the checks poll with a deadline rather than sleep for a
 //! guessed time.
 
-
 use jobguard::store::redis::{RedisConnection, RedisStore};
 use jobguard::{Claim, Error, Store, StoreKey};
 use std::collections::{BTreeMap, BTreeSet, HashSet};

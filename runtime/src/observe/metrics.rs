@@ -32,9 +32,9 @@
 //! an event for a known job allocates nothing. Values beyond that bound are still recorded, at
 //! the cost of an allocation per event.
 
-use crate::BreakerState;
-use crate::dead_letter::DeadLetter;
 use crate::observe::Event;
+use crate::record::BreakerState;
+use crate::record::DeadLetter;
 use ::metrics::{Key, Label, Level, Metadata};
 use std::cell::RefCell;
 use std::collections::HashMap;

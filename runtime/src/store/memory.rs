@@ -756,13 +756,7 @@ impl Inner {
             youngest,
             oldest,
         };
-        // The runtime in scope matters only for its observer: until a runtime with one was
-        // built, the metrics and tracing views are all there is to tell.
-        if crate::observe::observed() {
-            crate::runtime::Current::get().emit(&event);
-        } else {
-            crate::observe::record_job(&event, None);
-        }
+        crate::observe::emit_unowned(&event);
         #[cfg(feature = "metrics")]
         self.report_size(now);
         let last = self.warned_at.load(Ordering::Relaxed);

@@ -540,7 +540,9 @@ fn decode_claim(reply: Value) -> Result<Claim, Error> {
 }
 
 /// Installs rustls' `ring` provider as the process default unless one is installed already, so
-/// that the TLS handshake finds a provider whatever else the build enabled.
+/// that the TLS handshake finds a provider whatever else the build enabled. The one installer:
+/// every Redis connection (store or dead-letter sink, one server or a cluster) is made through
+/// [`RedisConnection`], which calls it.
 pub(crate) fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race with another installer is fine: some provider is installed.
