@@ -6,7 +6,7 @@
 //! ```
 //!
 //! With `--postgres`, a transfer's idempotency key is inserted in the same transaction as its two
-//! balance updates (`PgStore::in_transaction`), and that transaction commits all three or none:
+//! balance updates (`#[idempotent(key = t.id, transaction = tx)]`), and that transaction commits all three or none:
 //! a worker that dies before the commit leaves no trace, and one that commits leaves the key that
 //! makes every redelivery a replay. There is no window between the effect and the key.
 //!
@@ -18,7 +18,7 @@
 use jobguard::PgStore;
 use jobguard::idempotency::Idempotent;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -99,33 +99,36 @@ pub fn transfers() -> Vec<Transfer> {
 /// The opening balances.
 pub const OPENING: [(&str, i64); 3] = [("alice", 100), ("bob", 0), ("carol", 0)];
 
-/// One delivery of a transfer, on Postgres: the key, both updates and the receipt in one
-/// transaction, committed together.
+/// One delivery of a transfer, on Postgres: the key, both updates and the receipt in the
+/// caller's transaction (`transaction = tx`), which the caller commits.
+#[jobguard::idempotent(key = t.id, transaction = tx, scope = "ledger.transfer")]
+pub async fn transfer(tx: &mut PgConnection, t: &Transfer) -> Result<Receipt, LedgerError> {
+    let from_balance: i64 = sqlx::query_scalar(
+        "UPDATE ledger_accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance",
+    )
+    .bind(&t.from)
+    .bind(t.amount)
+    .fetch_one(&mut *tx)
+    .await?;
+    if from_balance < 0 {
+        return Err(LedgerError::InsufficientFunds(t.from.clone()));
+    }
+    sqlx::query("UPDATE ledger_accounts SET balance = balance + $2 WHERE id = $1")
+        .bind(&t.to)
+        .bind(t.amount)
+        .execute(&mut *tx)
+        .await?;
+    Ok(Receipt {
+        id: t.id.clone(),
+        from_balance,
+    })
+}
+
+/// One delivery of a transfer on Postgres: begin, [`transfer`], commit. A worker that dies
+/// before the commit leaves neither the updates nor the key.
 pub async fn transfer_in_postgres(pool: &PgPool, t: &Transfer) -> Result<Receipt, LedgerError> {
     let mut tx = pool.begin().await?;
-    let receipt = PgStore::in_transaction(&mut tx, "ledger.transfer", &t.id)
-        .run(async |tx| {
-            let from_balance: i64 = sqlx::query_scalar(
-                "UPDATE ledger_accounts SET balance = balance - $2 WHERE id = $1 RETURNING balance",
-            )
-            .bind(&t.from)
-            .bind(t.amount)
-            .fetch_one(&mut *tx)
-            .await?;
-            if from_balance < 0 {
-                return Err(LedgerError::InsufficientFunds(t.from.clone()));
-            }
-            sqlx::query("UPDATE ledger_accounts SET balance = balance + $2 WHERE id = $1")
-                .bind(&t.to)
-                .bind(t.amount)
-                .execute(&mut *tx)
-                .await?;
-            Ok(Receipt {
-                id: t.id.clone(),
-                from_balance,
-            })
-        })
-        .await?;
+    let receipt = transfer(&mut tx, t).await?;
     tx.commit().await?;
     Ok(receipt)
 }

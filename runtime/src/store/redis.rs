@@ -458,12 +458,12 @@ impl RedisStore {
         lease: Duration,
     ) -> Result<Claim, Error> {
         let fingerprint = Field(fingerprint);
-        let reply: Value = CLAIM
-            .key(Self::redis_key(key))
-            .arg(format!("{CLAIMED}{}{fingerprint}", Field(Some(token))))
+        let mut call = CLAIM.key(Self::redis_key(key));
+        call.arg(format!("{CLAIMED}{}{fingerprint}", Field(Some(token))))
             .arg(fingerprint.to_string())
-            .arg(millis(lease))
-            .invoke_async(&mut self.connection.clone())
+            .arg(millis(lease));
+        let reply: Value = self
+            .invoke(&call)
             .await
             .map_err(|e| store_error("claim failed", &e))?;
         decode_claim(reply)
@@ -483,12 +483,45 @@ impl RedisStore {
         for a in args {
             call.arg(*a);
         }
-        let held: i64 = call
-            .invoke_async(&mut self.connection.clone())
+        let held: i64 = self
+            .invoke(&call)
             .await
             .map_err(|e| store_error(what, &e))?;
         Ok(held == 1)
     }
+
+    /// Runs one script. On a cluster, a redirection that the connection gave up following
+    /// (`MOVED`, `ASK` or `TRYAGAIN` still coming back after its own retries, as can happen
+    /// while slots migrate under load) is tried again a few times: the node that answered with
+    /// it did not run the script, so running it again is safe.
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        const TRIES: u32 = 8;
+        let mut tried = 1;
+        loop {
+            match call.invoke_async(&mut self.connection.clone()).await {
+                Err(e) if tried < TRIES && is_redirection(&e) => {
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(tried))).await;
+                    tried += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+}
+
+/// A cluster's answer that the command belongs elsewhere or must wait for a migration: the
+/// node did not run it.
+fn is_redirection(error: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain
+        )
+    )
 }
 
 /// The start of a claimed record; a claim's token follows it.
