@@ -30,6 +30,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "apalis")]
+pub mod apalis;
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
