@@ -12,8 +12,7 @@
 //!   answers `Claim::Completed(record)`.
 //! - a bare `std::sync::Mutex<HashMap<String, Vec<u8>>>`: insert the token under the fresh key,
 //!   then, under the lock again, get it and replace it with the record; the replay is a get that
-//!   clones the record. This is the "bare `Mutex<HashMap>` insert-and-get" and the line
-//!   the 2× target is judged against.
+//!   clones the record. This is the line the 2× target is judged against.
 //! - the same bare map split into 16 `Mutex<HashMap>` shards picked by a `RandomState` hash of
 //!   the key, as `MemoryStore` does: the bare map's cost plus sharding's, for a fair look.
 //! - the harness alone: making the fresh key, nothing stored.

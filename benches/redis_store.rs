@@ -19,7 +19,7 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Store, StoreKey};
-use jobguard_workspace::redis::RedisServer;
+use jobguard_testkit::redis::RedisServer;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -7,44 +7,8 @@
 //! call, on this thread, on a current-thread runtime.
 
 use jobguard::{Event, Jitter, MemoryDeadLetters, Policy, Runtime, Transient};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use jobguard_testkit::alloc::{self, Counting};
 use std::time::Duration;
-
-/// Counts allocations on the current thread while switched on.
-struct Counting;
-
-thread_local! {
-    static ON: Cell<bool> = const { Cell::new(false) };
-    static COUNT: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note() {
-    // `try_with`: the allocator also runs while thread-locals are being torn down.
-    let _ = ON.try_with(|on| {
-        if on.get() {
-            let _ = COUNT.try_with(|n| n.set(n.get() + 1));
-        }
-    });
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -58,11 +22,9 @@ fn allocations_of<F: Future>(mut make: impl FnMut() -> F) -> (usize, F::Output) 
         .unwrap();
     rt.block_on(async {
         make().await;
-        COUNT.with(|n| n.set(0));
-        ON.with(|on| on.set(true));
+        alloc::start();
         let out = make().await;
-        ON.with(|on| on.set(false));
-        (COUNT.with(Cell::get), out)
+        (alloc::stop(), out)
     })
 }
 

@@ -1,5 +1,5 @@
-//! The breaker's must-show: one `static` shared by two annotated functions opens after N
-//! failures across both, fails fast, and closes after one good probe.
+//! One breaker `static` shared by two annotated functions opens after N failures across both,
+//! fails fast, and closes after one good probe.
 
 use jobguard::{
     BreakerState, CircuitBreaker, Event, GiveUp, MemoryDeadLetters, Runtime, Transient,

@@ -4,9 +4,13 @@
 //! charges order-B exactly once, and removes the letter. Real time: the scenario's backoff
 //! delays (9 s in all) are real waits here, as Redis I/O cannot run on a paused clock.
 
+#[allow(dead_code)]
+#[path = "../examples/charge.rs"]
+mod example;
+
+use example::{Service, run_scenario};
 use jobguard::{RedisDeadLetters, RedisStore};
-use jobguard_workspace::redis::RedisServer;
-use jobguard_workspace::scenario::{Service, run_scenario};
+use jobguard_testkit::redis::RedisServer;
 
 const STREAM: &str = "jobguard:dead_letters:charge";
 

@@ -1,8 +1,12 @@
-//! The scenario of SCENARIO.md, end to end on the in-memory store, under a paused clock: the
-//! state document must read exactly as the scenario shows.
+//! The charge example's scenario, end to end on the in-memory store, under a paused clock: the
+//! state document must read exactly as the example's documentation shows.
 
+#[allow(dead_code)]
+#[path = "../examples/charge.rs"]
+mod example;
+
+use example::{Service, run_scenario};
 use jobguard::{MemoryDeadLetters, MemoryStore};
-use jobguard_workspace::scenario::{Service, run_scenario};
 
 #[tokio::test(start_paused = true)]
 async fn the_state_document_reads_as_the_scenario_shows() {

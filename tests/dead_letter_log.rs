@@ -3,7 +3,7 @@
 //! a bounded list.
 
 use jobguard::{DeadLetter, DeadLetterSink, GiveUp, LogDeadLetters, Runtime};
-use jobguard_workspace::redis::rerun_test;
+use jobguard_testkit::redis::rerun_test;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;

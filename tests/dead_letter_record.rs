@@ -280,28 +280,8 @@ fn with_history_keeps_only_the_last_entries() {
 }
 
 /// Counts allocations made on the current thread.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { std::alloc::System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        unsafe { std::alloc::System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { std::alloc::System.realloc(ptr, layout, size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: jobguard_testkit::alloc::Counting = jobguard_testkit::alloc::Counting;
 
 /// Polls a future that completes without waiting, with no executor to count.
 fn ready<F: std::future::Future>(fut: F) -> F::Output {
@@ -323,11 +303,11 @@ fn a_first_time_success_with_a_payload_allocates_nothing() {
     };
     // Warm-up: the embedded runtime and the metrics label of this job are built once.
     assert_eq!(ready(charge(&args, 0, &AtomicU32::new(0))).unwrap(), 100);
-    let before = ALLOCATIONS.with(std::cell::Cell::get);
-    for _ in 0..1_000 {
-        assert_eq!(ready(charge(&args, 0, &AtomicU32::new(0))).unwrap(), 100);
-    }
-    let allocations = ALLOCATIONS.with(std::cell::Cell::get) - before;
+    let (allocations, ()) = jobguard_testkit::alloc::during(|| {
+        for _ in 0..1_000 {
+            assert_eq!(ready(charge(&args, 0, &AtomicU32::new(0))).unwrap(), 100);
+        }
+    });
     assert_eq!(allocations, 0, "the success path allocated");
     assert_eq!(serialized.load(Ordering::SeqCst), 0);
 }

@@ -9,7 +9,7 @@
 use jobguard::dead_letter::redis::{RedisDeadLetters, RedriveError};
 use jobguard::store::redis::RedisStore;
 use jobguard::{DeadLetter, DeadLetterSink, Error, GiveUp, Runtime};
-use jobguard_workspace::redis::RedisServer;
+use jobguard_testkit::redis::RedisServer;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::SystemTime;

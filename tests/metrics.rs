@@ -5,7 +5,7 @@
 
 use jobguard::observe::metrics as names;
 use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
-use jobguard_workspace::prometheus::{samples, types};
+use jobguard_testkit::prometheus::{samples, types};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};

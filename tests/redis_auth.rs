@@ -3,7 +3,7 @@
 
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Error, Store, StoreKey};
-use jobguard_workspace::redis::{Options, RedisServer};
+use jobguard_testkit::redis::{Options, RedisServer};
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);

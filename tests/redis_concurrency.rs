@@ -4,7 +4,7 @@
 
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Store, StoreKey};
-use jobguard_workspace::redis::{RedisServer, rerun_test};
+use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;

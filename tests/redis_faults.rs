@@ -7,7 +7,7 @@
 
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Error, Store, StoreKey};
-use jobguard_workspace::redis::{RedisServer, rerun_test};
+use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};

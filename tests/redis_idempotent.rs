@@ -7,7 +7,7 @@
 
 use jobguard::Error;
 use jobguard::store::redis::RedisStore;
-use jobguard_workspace::redis::{RedisServer, rerun_test};
+use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;

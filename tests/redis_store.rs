@@ -8,7 +8,7 @@
 
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Error, Store, StoreKey};
-use jobguard_workspace::redis::RedisServer;
+use jobguard_testkit::redis::RedisServer;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 
 use jobguard::store::redis::RedisStore;
 use jobguard::{Claim, Error, Store, StoreKey};
-use jobguard_workspace::redis::{Options, RedisServer, TlsFiles};
+use jobguard_testkit::redis::{Options, RedisServer, TlsFiles};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::path::Path;
 use std::time::Duration;

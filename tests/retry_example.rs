@@ -1,6 +1,6 @@
-//! `examples/retry.rs` prints what the must-show asks: the flaky call recovering with
-//! each attempt and delay as it happens, the permanent one failing fast. Run here on a paused
-//! clock, so the times are exact.
+//! `examples/retry.rs` prints the flaky call recovering with each attempt and delay as it
+//! happens, and the permanent one failing fast. Run here on a paused clock, so the times are
+//! exact.
 
 #[allow(dead_code)]
 #[path = "../examples/retry.rs"]

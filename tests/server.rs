@@ -1,17 +1,21 @@
-//! The server example's service over real HTTP on a loopback port: the three requests of
-//! SCENARIO.md answer `queued` at once, `GET /state` then shows the scenario's document, and
+//! The server example's service over real HTTP on a loopback port: the charge scenario's three
+//! requests answer `queued` at once, `GET /state` then shows the scenario's document, and
 //! `GET /metrics` the attempts and dead-letter counters in the Prometheus text format.
 
+#[allow(dead_code)]
+#[path = "../examples/server.rs"]
+mod example;
+
+use example::{Service, router};
 use jobguard::observe::metrics as names;
 use jobguard::{MemoryDeadLetters, MemoryStore};
-use jobguard_workspace::prometheus::{samples, types};
-use jobguard_workspace::scenario::{Service, router};
+use jobguard_testkit::prometheus::{samples, types};
 use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The job label of the scenario's charge job: its module path and name.
-const JOB: &str = "jobguard_workspace::scenario::charge";
+/// The job label of the example's charge job: its module path and name.
+const JOB: &str = concat!(module_path!(), "::example::charge");
 
 /// One HTTP/1.1 request; returns the status code, the head (status line and headers) and the
 /// body.

@@ -2,7 +2,7 @@
 //! directory, with persistence off, killed when dropped.
 //!
 //! ```no_run
-//! use jobguard_workspace::redis::RedisServer;
+//! use jobguard_testkit::redis::RedisServer;
 //!
 //! let Some(server) = RedisServer::start() else { return }; // skipped: no redis-server
 //! println!("{}", server.url()); // redis://127.0.0.1:PORT/
