@@ -15,7 +15,7 @@ use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use jobguard::apalis::GuardLayer;
 use jobguard::{MemoryDeadLetters, RedisStore, Runtime};
-use jobguard_workspace::redis::RedisServer;
+use jobguard_testkit::redis::RedisServer;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -9,7 +9,7 @@
 mod durable;
 
 use durable::{Downstream, Job, Workers, connect, effects};
-use jobguard_workspace::redis::RedisServer;
+use jobguard_testkit::redis::RedisServer;
 use std::time::Duration;
 
 const JOBS: u32 = 300;

@@ -16,7 +16,7 @@ use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use jobguard::apalis::{Delivery, GuardLayer};
 use jobguard::{MemoryDeadLetters, RedisStore, Runtime};
-use jobguard_workspace::redis::rerun_test;
+use jobguard_testkit::redis::rerun_test;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
