@@ -44,13 +44,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let url = url.ok_or("usage: worker --redis URL [--concurrency N]")?;
+    run(&url, concurrency).await
+}
 
-    let conn = apalis_redis::connect(url.as_str()).await?;
+/// Runs a worker on the Redis server at `url`, `concurrency` jobs at a time, until the process
+/// ends.
+pub async fn run(url: &str, concurrency: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let conn = apalis_redis::connect(url).await?;
     let journal = Journal::start(conn.clone());
     let orders = Orders::default();
     Runtime::builder()
-        .store(RedisStore::connect(&url).await?)
-        .dead_letters(RedisDeadLetters::connect(&url, DEAD_LETTERS).await?)
+        .store(RedisStore::connect(url).await?)
+        .dead_letters(RedisDeadLetters::connect(url, DEAD_LETTERS).await?)
         .observer(observer(journal.clone(), orders.clone()))
         .build()
         .install()
