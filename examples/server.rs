@@ -340,7 +340,7 @@ impl Gateway {
 #[derive(Clone)]
 enum Queue {
     Memory(MemorySink<ChargeJob>),
-    Redis(RedisStorage<ChargeJob>),
+    Redis(Box<RedisStorage<ChargeJob>>),
 }
 
 /// The service: a queue on apalis, the state the workers leave, and the metrics this process's
@@ -395,7 +395,7 @@ impl Service {
             RedisStore::connect(url).await?,
             RedisDeadLetters::connect(url, DEAD_LETTERS).await?,
             Journal::redis(conn),
-            Queue::Redis(storage.clone()),
+            Queue::Redis(Box::new(storage.clone())),
         );
         if worker {
             let worker = WorkerBuilder::new(format!("server-{}", std::process::id()))
