@@ -26,7 +26,8 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
     tokio::spawn(async move { worker::run(&worker_url, 1).await.unwrap() });
     // One request at a time, each once the one before has left its mark, so the document's
     // order does not depend on which job a worker fetched first.
-    let steps: [(&str, &str, fn(&server::State) -> bool); 3] = [
+    type Done = fn(&server::State) -> bool;
+    let steps: [(&str, &str, Done); 3] = [
         ("order-A", "idem-1", |s| {
             s.idempotency_store.contains_key("idem-1")
         }),
