@@ -7,6 +7,10 @@
 //! to be killed; the harness sees the announcement and kills that worker with `SIGKILL`
 //! (`Child::kill`), then starts a new one.
 //!
+//! A worker runs one job at a time, so a kill lands exactly where a crash point says: a SIGKILL
+//! ends every job in flight, and one caught between its effect and its stored result would be in
+//! the window that `durable_window.rs` shows on purpose.
+//!
 //! Each test binary runs itself as a worker process: its `worker` test does nothing unless
 //! [`WORKER_ENV`] holds a Redis URL, and then runs a worker until it is killed.
 
