@@ -156,6 +156,8 @@ pub(crate) struct IdempotentArgs {
     pub fingerprint: Option<Expr>,
     pub store: Option<Expr>,
     pub in_progress: Option<InProgress>,
+    /// `transaction = tx`: the parameter holding the caller's Postgres transaction.
+    pub transaction: Option<Expr>,
     pub krate: Option<Path>,
 }
 
@@ -167,6 +169,7 @@ pub(crate) const IDEMPOTENT_KEYS: &[&str] = &[
     "fingerprint",
     "store",
     "in_progress",
+    "transaction",
     "crate",
 ];
 
@@ -466,6 +469,7 @@ pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> Idempotent
             }
             "fingerprint" => once(&mut args.fingerprint, &key, span, Some(expr), errors),
             "store" => once(&mut args.store, &key, span, Some(expr), errors),
+            "transaction" => once(&mut args.transaction, &key, span, Some(expr), errors),
             "in_progress" => {
                 let v = in_progress(expr, errors);
                 once(&mut args.in_progress, &key, span, v, errors)

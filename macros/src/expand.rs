@@ -184,6 +184,19 @@ fn expand(
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
         (None, Some(i)) => idempotent_call(i, &krate, &job, ret, body),
         (Some(r), Some(i)) => {
+            // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
+            let body = match &i.transaction {
+                Some(tx) => {
+                    let stmts = attempt_stmts(&block, ret);
+                    quote! {
+                        #krate::__private::savepoint(
+                            &mut *#tx,
+                            async |#tx: &mut #krate::__private::PgConnection| { #stmts },
+                        )
+                    }
+                }
+                None => body,
+            };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
             idempotent_call(i, &krate, &job, ret, quote!(async { #inner }))
         }
@@ -202,6 +215,14 @@ fn expand(
 /// type, so `?` converts errors as it does in the function, and type errors land on the
 /// function's return type.
 fn attempt_block(block: &Block, ret: &Type) -> TokenStream {
+    let stmts = attempt_stmts(block, ret);
+    quote! {
+        async { #stmts }
+    }
+}
+
+/// The body's statements behind the return-type edge of [`attempt_block`].
+fn attempt_stmts(block: &Block, ret: &Type) -> TokenStream {
     let stmts = &block.stmts;
     let edge = if contains_impl_trait(ret) {
         quote!()
@@ -223,10 +244,8 @@ fn attempt_block(block: &Block, ret: &Type) -> TokenStream {
         }
     };
     quote! {
-        async {
-            #edge
-            #(#stmts)*
-        }
+        #edge
+        #(#stmts)*
     }
 }
 
@@ -380,6 +399,9 @@ fn idempotent_call(
         Some(s) => quote!(#s),
         None => job.clone(),
     };
+    if let Some(tx) = &i.transaction {
+        return transaction_call(i, krate, scope, ret, tx, work);
+    }
     let mut call = quote!(#krate::__private::Idempotent::new(#scope, &__jobguard_key));
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
@@ -409,6 +431,54 @@ fn idempotent_call(
     // `Ok` and error types' on the return type.
     let key = quote_spanned!(key.span()=> #krate::__private::key(&(#key)));
     let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(#work).await);
+    quote! {
+        let __jobguard_key = #key;
+        let __jobguard_idempotent = #call;
+        #run
+    }
+}
+
+// Input:
+//     #[idempotent(key = transfer.id, transaction = tx)]
+//     async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<Receipt, E> { body }
+//
+// Output:
+//     async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<Receipt, E> {
+//         let __jobguard_key = ::jobguard::__private::key(&(transfer.id));
+//         let __jobguard_idempotent = ::jobguard::__private::PgStore::in_transaction(
+//             &mut *tx, concat!(module_path!(), "::transfer"), &__jobguard_key);
+//         __jobguard_idempotent
+//             .run(async |tx: &mut ::jobguard::__private::PgConnection| async { body }.await)
+//             .await
+//     }
+//
+// The body sees `tx` as the `&mut PgConnection` the call hands back, whichever of the two types
+// the parameter has. With `#[retry]`, the work is the retry loop, each attempt in a savepoint.
+fn transaction_call(
+    i: &IdempotentArgs,
+    krate: &TokenStream,
+    scope: TokenStream,
+    ret: &Type,
+    tx: &syn::Expr,
+    work: TokenStream,
+) -> TokenStream {
+    let key = i.key.as_ref().expect("validated: key is present");
+    let mut call =
+        quote!(#krate::__private::PgStore::in_transaction(&mut *#tx, #scope, &__jobguard_key));
+    if let Some(ttl) = &i.ttl {
+        let d = duration(ttl);
+        call.extend(quote!(.ttl(#d)));
+    }
+    if let Some(fp) = &i.fingerprint {
+        call.extend(
+            quote_spanned!(fp.span()=> .fingerprint(#krate::__private::fingerprint(&(#fp)))),
+        );
+    }
+    let run = Ident::new("run", ret.span());
+    let key = quote_spanned!(key.span()=> #krate::__private::key(&(#key)));
+    let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(
+        async |#tx: &mut #krate::__private::PgConnection| #work.await
+    ).await);
     quote! {
         let __jobguard_key = #key;
         let __jobguard_idempotent = #call;

@@ -221,6 +221,121 @@ pub(crate) fn idempotent(
              `lease = \"30s\"` (the default)",
         );
     }
+    if let Some(tx) = &args.transaction {
+        transaction(func, args, tx, errors);
+    }
+}
+
+/// `transaction = tx`: `tx` is a parameter of type `&mut PgConnection` or
+/// `&mut Transaction<'_, Postgres>`, and the arguments that only the store form reads are absent.
+fn transaction(func: &ItemFn, args: &IdempotentArgs, tx: &Expr, errors: &mut Errors) {
+    const TYPES: &str = "`&mut sqlx::PgConnection` or `&mut sqlx::Transaction<'_, Postgres>`";
+    // The key row lives in the transaction's database, so there is no store to pick, no lease to
+    // renew and no claim held elsewhere to wait for: a duplicate waits on the key's row lock.
+    for (given, arg, why) in [
+        (
+            args.store.as_ref().map(Spanned::span),
+            "store",
+            "the key is kept in the transaction's own database (table `jobguard_keys`)",
+        ),
+        (
+            args.lease.as_ref().map(|d| d.span()),
+            "lease",
+            "the key's row is locked by the transaction until it ends, so there is no lease",
+        ),
+        (
+            args.in_progress.as_ref().map(|_| tx.span()),
+            "in_progress",
+            "a duplicate in another transaction waits on the key's row until this one ends",
+        ),
+    ] {
+        if let Some(span) = given {
+            errors.at(
+                span,
+                format!("`{arg}` cannot be given with `transaction`: {why}; remove `{arg}`"),
+            );
+        }
+    }
+    let Expr::Path(path) = tx else {
+        errors.at(
+            tx.span(),
+            format!("`transaction` names a parameter of type {TYPES}, such as `transaction = tx`"),
+        );
+        return;
+    };
+    let Some(name) = path.path.get_ident() else {
+        errors.at(
+            tx.span(),
+            format!("`transaction` names a parameter of type {TYPES}, such as `transaction = tx`"),
+        );
+        return;
+    };
+    let typed = func.sig.inputs.iter().find_map(|input| match input {
+        FnArg::Typed(t) => match &*t.pat {
+            Pat::Ident(i) if i.ident == *name => Some((&i.ident, &*t.ty)),
+            _ => None,
+        },
+        FnArg::Receiver(_) => None,
+    });
+    let Some((param, ty)) = typed else {
+        let params = parameter_names(func);
+        let near = crate::args::nearest(
+            &name.to_string(),
+            &params.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .map(|n| format!("; did you mean `{n}`?"))
+        .unwrap_or_default();
+        errors.at(
+            name.span(),
+            format!(
+                "`transaction = {name}`: `{name}` is not a parameter of `{}`{near}\n\
+                 add a parameter `{name}: &mut PgConnection` (or `&mut Transaction<'_, Postgres>`) \
+                 holding the caller's transaction",
+                func.sig.ident
+            ),
+        );
+        return;
+    };
+    if !is_transaction_type(ty) {
+        // On the parameter's name: a type's span is only its first token on stable Rust.
+        errors.at(
+            param.span(),
+            format!(
+                "`transaction = {name}` needs `{name}` to be {TYPES}, and it is `{}`: the key is \
+                 written in that transaction, which the caller commits",
+                shown(ty)
+            ),
+        );
+    }
+}
+
+/// `&mut PgConnection` or `&mut Transaction<'_, Postgres>`, under any path.
+fn is_transaction_type(ty: &Type) -> bool {
+    let Type::Reference(r) = ty else {
+        return false;
+    };
+    if r.mutability.is_none() {
+        return false;
+    }
+    let Type::Path(p) = &*r.elem else {
+        return false;
+    };
+    let Some(last) = p.path.segments.last() else {
+        return false;
+    };
+    if last.ident == "PgConnection" {
+        return matches!(last.arguments, syn::PathArguments::None);
+    }
+    if last.ident != "Transaction" {
+        return false;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return false;
+    };
+    args.args.iter().any(|a| {
+        matches!(a, syn::GenericArgument::Type(Type::Path(t))
+            if t.path.segments.last().is_some_and(|s| s.ident == "Postgres"))
+    })
 }
 
 /// The variable a key expression reads from: `order_id`, `order` in `order.id` or
@@ -266,7 +381,22 @@ fn collect_pat(pat: &Pat, names: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{key_root, shown};
+    use super::{is_transaction_type, key_root, shown};
+
+    #[test]
+    fn transaction_types() {
+        let ok = |s: &str| is_transaction_type(&syn::parse_str(s).unwrap());
+        assert!(ok("&mut PgConnection"));
+        assert!(ok("&mut sqlx::PgConnection"));
+        assert!(ok("&'a mut sqlx::postgres::PgConnection"));
+        assert!(ok("&mut Transaction<'_, Postgres>"));
+        assert!(ok("&mut sqlx::Transaction<'static, sqlx::Postgres>"));
+        assert!(!ok("&PgConnection"));
+        assert!(!ok("PgConnection"));
+        assert!(!ok("&mut PgPool"));
+        assert!(!ok("&mut Transaction<'_, MySql>"));
+        assert!(!ok("&mut String"));
+    }
 
     #[test]
     fn keys_are_read_from_their_first_variable() {

@@ -111,6 +111,34 @@ impl Transient for crate::Error {
     }
 }
 
+#[cfg(feature = "postgres")]
+impl Transient for sqlx::Error {
+    /// Transient: a serialization failure (`40001`) or deadlock (`40P01`), a lock not available
+    /// (`55P03`), too many connections (`53300`), a server shutting down or starting
+    /// (`57P01`..`57P03`), a connection exception (class `08`), a lost connection (an I/O error
+    /// of a transient kind), a pool timeout and a crashed pool worker. Everything else is
+    /// permanent: constraint violations (unique, check, foreign key, not null), syntax and type
+    /// errors, a closed pool, rows not found, decoding errors, configuration and TLS errors.
+    ///
+    /// A serialization failure is retried by retrying the whole transaction; inside one, only a
+    /// savepoint's rollback lets a deadlocked statement run again
+    /// ([`savepoint`](crate::store::postgres::savepoint)).
+    fn verdict(&self) -> Verdict {
+        match self {
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                Some("40001" | "40P01" | "55P03" | "53300" | "57P01" | "57P02" | "57P03") => {
+                    Verdict::Retry
+                }
+                Some(code) if code.starts_with("08") => Verdict::Retry,
+                _ => Verdict::Fail,
+            },
+            sqlx::Error::Io(e) => e.verdict(),
+            sqlx::Error::PoolTimedOut | sqlx::Error::WorkerCrashed => Verdict::Retry,
+            _ => Verdict::Fail,
+        }
+    }
+}
+
 /// The verdict for an HTTP response status, honouring its `Retry-After` header.
 ///
 /// 408, 429, 500, 502, 503 and 504 are retryable; every other status fails. `Retry-After` is read
@@ -217,6 +245,17 @@ mod tests {
         ] {
             assert_eq!(v(bad), Verdict::Retry, "{bad:?}");
         }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn sqlx_errors_without_a_server() {
+        let lost = sqlx::Error::Io(IoError::from(ErrorKind::ConnectionReset));
+        assert_eq!(lost.verdict(), Verdict::Retry);
+        assert_eq!(sqlx::Error::PoolTimedOut.verdict(), Verdict::Retry);
+        assert_eq!(sqlx::Error::PoolClosed.verdict(), Verdict::Fail);
+        assert_eq!(sqlx::Error::RowNotFound.verdict(), Verdict::Fail);
+        assert_eq!(sqlx::Error::Protocol("bad".into()).verdict(), Verdict::Fail);
     }
 
     #[test]

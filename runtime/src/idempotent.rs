@@ -325,7 +325,16 @@ impl<'a> Idempotent<'a> {
     }
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+/// The stored form of a job's `Ok` value, as every store keeps it.
+#[cfg(feature = "postgres")]
+pub(crate) fn encode_record<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&RecordOut {
+        v: RECORD_VERSION,
+        ok: value,
+    })
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     #[derive(Deserialize)]
     struct Version {
         v: u32,
@@ -359,7 +368,7 @@ async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
     ));
 }
 
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     use rand::Rng;
     format!("{:032x}", rand::rng().random::<u128>())
 }

@@ -56,6 +56,8 @@ pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
 pub use store::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use store::postgres::PgStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
 pub use store::{Claim, Store, StoreKey};
@@ -141,8 +143,14 @@ pub use jobguard_macros::retry;
 /// `format!("{tenant}:{id}")`, `self.id`); its `Display` form is the stored key.
 ///
 /// Arguments: `key` (required), `scope`, `ttl`, `lease`, `fingerprint`, `store`,
-/// `in_progress = fail | wait("10s")`, `crate`. Written with `#[retry]`, in either order, the key
+/// `in_progress = fail | wait("10s")`, `transaction` (feature `postgres`), `crate`. Written with `#[retry]`, in either order, the key
 /// is checked once and the retry loop runs inside the claim.
+///
+/// `transaction = tx` names a parameter of type `&mut sqlx::PgConnection` or
+/// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with
+/// [`PgStore::in_transaction`](crate::store::postgres::PgStore::in_transaction), the body's writes
+/// and the result go in it, and the caller commits. Inside the body `tx` is the transaction's
+/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint.
 ///
 /// The default `scope` is the function's module path and name: moving or renaming the function
 /// changes it, and with it every stored key. Jobs whose keys must outlive a refactor pin
@@ -171,8 +179,12 @@ pub mod __private {
     pub use crate::idempotent::Idempotent;
     pub use crate::observe::Job;
     pub use crate::retry::Retry;
+    #[cfg(feature = "postgres")]
+    pub use crate::store::postgres::{PgStore, savepoint};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
+    #[cfg(feature = "postgres")]
+    pub use sqlx::PgConnection;
 
     use crate::{Transient, Verdict};
 

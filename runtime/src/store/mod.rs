@@ -10,6 +10,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 

@@ -1,0 +1,824 @@
+//! The Postgres store (feature `postgres`): claims and results in one table, shared by every
+//! worker that reaches the database, and the key claimed in the caller's own transaction.
+//!
+//! Two ways to use it:
+//!
+//! * **As a [`Store`]**, like [`RedisStore`](crate::RedisStore): `#[idempotent]` claims the key,
+//!   runs the job, stores the result. The job's side effect and the result's write are separate,
+//!   so the window described in [`idempotent`](crate::idempotent#the-window) remains.
+//! * **In the caller's transaction**, with [`PgStore::in_transaction`]: the key row, the body's
+//!   writes and the stored result share one transaction, which the caller commits. A crash before
+//!   the commit leaves neither the effect nor the key: there is no window. This is the form to use
+//!   when the side effect is a write to the same database.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), jobguard::Error> {
+//! use jobguard::PgStore;
+//!
+//! let store = PgStore::connect("postgres://app@127.0.0.1/app").await?;
+//! store.migrate().await?; // or apply `PgStore::MIGRATION` with your own migration tool
+//! let runtime = jobguard::Runtime::builder().store(store).build();
+//! runtime.install();
+//! # Ok(()) }
+//! ```
+//!
+//! # The table
+//!
+//! [`PgStore::MIGRATION`] creates `jobguard_keys`, one row per `(scope, key)`:
+//!
+//! | column | while claimed | once completed |
+//! |---|---|---|
+//! | `scope`, `key` | the key, see below | the same |
+//! | `token` | the claim's token | `NULL` |
+//! | `fingerprint` | the claim's fingerprint, or `NULL` | kept |
+//! | `result` | `NULL` | the stored result's bytes, opaque to the store |
+//! | `expires_at` | the end of the lease | the end of the TTL |
+//!
+//! A `CHECK` keeps exactly one of `token` and `result` set, so no row is half of each. The
+//! primary key `(scope, key)` makes a claim one index lookup, and a partial index on
+//! `expires_at` of the completed rows makes [`PgStore::purge_expired`] one range scan.
+//!
+//! Postgres `text` cannot hold a NUL byte, and a B-tree entry is limited to about 2.7 kB, so
+//! [`PgStore::row_key`] writes:
+//!
+//! * the scope as it is, except that `%` and NUL are percent-escaped (`%25`, `%00`); the scopes
+//!   jobguard produces contain neither, so they appear verbatim;
+//! * the key as it is when it is at most 200 bytes, holds no NUL and does not start with `#`;
+//!   any other key is written `#sha256:<64 hex digits>` of its bytes.
+//!
+//! So no two distinct `(scope, key)` pairs share a row, short of a SHA-256 collision, and any key
+//! of any length can be stored. Tokens and fingerprints are `text`: one holding a NUL byte is
+//! refused by the server with [`Error::Store`], never stored altered.
+//!
+//! # Semantics as a [`Store`]
+//!
+//! Every operation is one statement on the pool, run on the database's clock.
+//!
+//! * [`claim`](Store::claim): one `INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now()`
+//!   that takes a free or expired key, and in the same statement reads the row it found otherwise:
+//!   a completed one gives its record, a live claim gives
+//!   [`InProgress`](Claim::InProgress) with the lease's remaining time. A fingerprint mismatches
+//!   only when both the stored one and the given one are present and differ, and it is checked
+//!   first: a reused key is [`KeyReused`](Claim::KeyReused) whether it is claimed or completed.
+//!   When a concurrent claim commits between the statement's snapshot and its insert, the
+//!   statement finds nothing to report and runs again.
+//! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
+//!   while `token` holds an unexpired claim (compare-and-set on the token). Otherwise `complete`
+//!   and `renew` fail with [`Error::LeaseLost`] and `release` does nothing.
+//! * Expired rows are not deleted by the operations: a claim takes an expired row over. Call
+//!   [`PgStore::purge_expired`] to delete completed rows past their TTL.
+//! * A database that cannot be reached gives [`Error::Store`] within the pool's acquire timeout
+//!   (2 s with [`PgStore::connect`]), and the job does not run: fail closed. The pool opens new
+//!   connections when the server is back.
+
+use super::{Claim, Store, StoreFuture, StoreKey};
+use crate::Error;
+use crate::idempotent::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Postgres, Row};
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// The longest key stored verbatim, in bytes; longer ones are hashed.
+pub const MAX_VERBATIM_KEY: usize = 200;
+
+/// How many rows one statement of [`PgStore::purge_expired`] deletes at most.
+pub const PURGE_BATCH: i64 = 1000;
+
+/// An idempotency [`Store`] on Postgres, through an sqlx pool.
+///
+/// `Clone` is cheap and shares the pool. See the [module docs](self) for the table, the key
+/// scheme and the semantics, and [`PgStore::in_transaction`] for the key in the caller's
+/// transaction.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// The SQL that creates the table and its index, for a migration tool of your own. It is
+    /// idempotent (`IF NOT EXISTS`); [`migrate`](Self::migrate) runs it.
+    pub const MIGRATION: &'static str = r#"
+CREATE TABLE IF NOT EXISTS jobguard_keys (
+    scope       text        NOT NULL,
+    key         text        NOT NULL,
+    token       text,
+    fingerprint text,
+    result      bytea,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (scope, key),
+    CONSTRAINT jobguard_keys_claimed_or_completed CHECK ((token IS NULL) <> (result IS NULL))
+);
+CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
+    ON jobguard_keys (expires_at) WHERE token IS NULL;
+"#;
+
+    /// Connects a pool of up to 10 connections to `url`
+    /// (`postgres://user:password@host:port/database`, `?sslmode=require` for TLS), waiting at
+    /// most 2 s for a connection, so that a call made while the database is down fails quickly.
+    ///
+    /// A malformed URL or an unreachable database is [`Error::Store`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect(url)
+            .await
+            .map_err(|e| store_error("cannot connect to Postgres", &e))?;
+        Ok(PgStore { pool })
+    }
+
+    /// A store on a pool the caller built (and configured: size, timeouts, TLS).
+    pub fn new(pool: PgPool) -> Self {
+        PgStore { pool }
+    }
+
+    /// The pool, to run other statements on the same database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates the table and its index unless they exist ([`MIGRATION`](Self::MIGRATION)),
+    /// under an advisory lock so that workers starting together do not race.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let fail = |e: sqlx::Error| store_error("migration failed", &e);
+        let mut tx = self.pool.begin().await.map_err(fail)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('jobguard_keys migration'))")
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        sqlx::raw_sql(Self::MIGRATION)
+            .execute(&mut *tx)
+            .await
+            .map_err(fail)?;
+        tx.commit().await.map_err(fail)
+    }
+
+    /// Deletes completed rows whose TTL has passed, [`PURGE_BATCH`] rows per statement (each its
+    /// own short transaction, skipping rows another session has locked), until none is left.
+    /// Returns how many it deleted.
+    ///
+    /// Nothing calls it for you: an expired row is only dead weight (a claim takes it over), so
+    /// call it from a periodic task of your own, about as often as keys expire in bulk, such as
+    /// every few minutes to once an hour. Each batch is one range scan of the `expires_at` index.
+    pub async fn purge_expired(&self) -> Result<u64, Error> {
+        let mut total = 0;
+        loop {
+            let deleted = sqlx::query(PURGE)
+                .bind(PURGE_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| store_error("purge failed", &e))?
+                .rows_affected();
+            total += deleted;
+            if deleted < PURGE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// The `(scope, key)` columns that hold `key`, with the escaping and hashing described in the
+    /// [module docs](self#the-table).
+    pub fn row_key(key: StoreKey<'_>) -> (Cow<'_, str>, Cow<'_, str>) {
+        let scope = if key.scope.contains(['%', '\0']) {
+            Cow::Owned(key.scope.replace('%', "%25").replace('\0', "%00"))
+        } else {
+            Cow::Borrowed(key.scope)
+        };
+        let bytes = key.key.as_bytes();
+        let verbatim =
+            bytes.len() <= MAX_VERBATIM_KEY && bytes.first() != Some(&b'#') && !bytes.contains(&0);
+        let stored = if verbatim {
+            Cow::Borrowed(key.key)
+        } else {
+            let mut out = String::with_capacity(72);
+            out.push_str("#sha256:");
+            for b in Sha256::digest(bytes) {
+                let _ = write!(out, "{b:02x}");
+            }
+            Cow::Owned(out)
+        };
+        (scope, stored)
+    }
+
+    /// Claims `key` in the transaction that `conn` is in, for [`InTransaction::run`]: the key
+    /// row, the body's writes and the stored result share that transaction, and the caller
+    /// commits it.
+    ///
+    /// `conn` is a `&mut sqlx::Transaction<'_, Postgres>` or a `&mut PgConnection` inside a
+    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). The body gets the
+    /// connection back as a `&mut PgConnection` (write `&mut *tx` for its statements), whichever
+    /// of the two was given: a closure over `&mut Transaction<'t, _>` would tie the future to the
+    /// transaction's lifetime in a way the compiler cannot prove `Send`, so such a future could
+    /// not be spawned.
+    ///
+    /// ```no_run
+    /// use jobguard::PgStore;
+    ///
+    /// /// The job's own error: the database's, or jobguard's (a key reused, the database gone).
+    /// #[derive(Debug)]
+    /// enum TransferError {
+    ///     Db(sqlx::Error),
+    ///     Guard(jobguard::Error),
+    /// }
+    /// impl From<sqlx::Error> for TransferError {
+    ///     fn from(e: sqlx::Error) -> Self { TransferError::Db(e) }
+    /// }
+    /// impl From<jobguard::Error> for TransferError {
+    ///     fn from(e: jobguard::Error) -> Self { TransferError::Guard(e) }
+    /// }
+    ///
+    /// async fn transfer(pool: &sqlx::PgPool, id: &str) -> Result<i64, TransferError> {
+    ///     let mut tx = pool.begin().await?;
+    ///     let moved = PgStore::in_transaction(&mut tx, "ledger.transfer", id)
+    ///         .run(async |tx| {
+    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok::<_, TransferError>(10)
+    ///         })
+    ///         .await?;
+    ///     tx.commit().await?; // the transfer, its key and its result, together
+    ///     Ok(moved)
+    /// }
+    /// ```
+    pub fn in_transaction<'c, C: TransactionConnection>(
+        conn: &'c mut C,
+        scope: &'c str,
+        key: &'c str,
+    ) -> InTransaction<'c> {
+        InTransaction {
+            conn: conn.connection(),
+            scope: if scope.contains("::") {
+                Cow::Owned(scope.replace("::", "."))
+            } else {
+                Cow::Borrowed(scope)
+            },
+            key,
+            ttl: DEFAULT_TTL,
+            fingerprint: None,
+        }
+    }
+
+    async fn claim_now(
+        &self,
+        key: StoreKey<'_>,
+        token: &str,
+        fingerprint: Option<&str>,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        let (scope, stored) = Self::row_key(key);
+        // A row read from a snapshot older than a concurrent claim's commit can be missing or
+        // stale; the statement then runs again with a new snapshot.
+        for _ in 0..8 {
+            let row = sqlx::query(CLAIM)
+                .bind(&*scope)
+                .bind(&*stored)
+                .bind(token)
+                .bind(fingerprint)
+                .bind(micros(lease))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| store_error("claim failed", &e))?;
+            let Some(row) = row else { continue };
+            let state: i32 = row.try_get(0).map_err(|e| store_error("claim", &e))?;
+            let wait: Option<i64> = row.try_get(1).map_err(|e| store_error("claim", &e))?;
+            match (state, wait) {
+                (0, _) => return Ok(Claim::Acquired),
+                (3, Some(w)) if w > 0 => return Ok(Claim::KeyReused),
+                (1, Some(w)) if w > 0 => {
+                    let result: Option<Vec<u8>> =
+                        row.try_get(2).map_err(|e| store_error("claim", &e))?;
+                    return result.map(Claim::Completed).ok_or_else(|| {
+                        Error::Corrupt("a completed idempotency row without a result".into())
+                    });
+                }
+                (2, Some(w)) if w > 0 => {
+                    return Ok(Claim::InProgress {
+                        retry_in: Duration::from_micros(w as u64),
+                    });
+                }
+                // Expired in the snapshot, but not taken over: a concurrent renewal or claim.
+                _ => continue,
+            }
+        }
+        Err(Error::Store(
+            "claim failed: the key kept changing under concurrent claims".into(),
+        ))
+    }
+
+    /// Runs a token-checked statement; `Ok(true)` when `token` held the claim.
+    async fn if_held(
+        &self,
+        sql: &'static str,
+        key: StoreKey<'_>,
+        token: &str,
+        extra: impl FnOnce(
+            sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        ) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        what: &str,
+    ) -> Result<bool, Error> {
+        let (scope, stored) = Self::row_key(key);
+        let query = sqlx::query(sql).bind(&*scope).bind(&*stored).bind(token);
+        let done = extra(query)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| store_error(what, &e))?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// A lease or TTL in microseconds for the statements: at least 1, and within what `interval`
+/// and `timestamptz` hold (2^53 µs, about 285 years).
+fn micros(d: Duration) -> i64 {
+    (d.as_micros().min(1 << 53) as i64).max(1)
+}
+
+fn store_error(what: &str, e: &sqlx::Error) -> Error {
+    if let sqlx::Error::Database(db) = e
+        && db.code().as_deref() == Some("42P01")
+    {
+        return Error::Store(format!(
+            "{what}: {e} (create the table with PgStore::migrate() or PgStore::MIGRATION)"
+        ));
+    }
+    Error::Store(format!("{what}: {e}"))
+}
+
+// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs. One row: the state (0 acquired,
+// 1 completed, 2 claimed, 3 reused), the µs left on the row, and the result when completed. No
+// row when the conflicting row is not in the statement's snapshot.
+const CLAIM: &str = r#"
+WITH taken AS (
+    INSERT INTO jobguard_keys AS k (scope, key, token, fingerprint, result, expires_at)
+    VALUES ($1, $2, $3, $4, NULL, now() + $5::bigint * interval '1 microsecond')
+    ON CONFLICT (scope, key) DO UPDATE
+        SET token = excluded.token, fingerprint = excluded.fingerprint,
+            result = NULL, expires_at = excluded.expires_at
+        WHERE k.expires_at <= now()
+    RETURNING 1
+)
+SELECT 0, NULL::bigint, NULL::bytea FROM taken
+UNION ALL
+SELECT CASE WHEN k.fingerprint IS NOT NULL AND $4::text IS NOT NULL AND k.fingerprint <> $4::text
+            THEN 3 WHEN k.token IS NULL THEN 1 ELSE 2 END,
+       floor(extract(epoch FROM k.expires_at - now()) * 1000000)::bigint,
+       k.result
+FROM jobguard_keys k
+WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)
+"#;
+
+// $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs.
+const COMPLETE: &str = r#"
+UPDATE jobguard_keys
+SET token = NULL, result = $4, expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+"#;
+
+// $1 scope, $2 key, $3 token.
+const RELEASE: &str = "DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 AND token = $3";
+
+// $1 scope, $2 key, $3 token, $4 lease in µs.
+const RENEW: &str = r#"
+UPDATE jobguard_keys SET expires_at = now() + $4::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+"#;
+
+// $1 batch size.
+const PURGE: &str = r#"
+DELETE FROM jobguard_keys
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM jobguard_keys
+    WHERE token IS NULL AND expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+))
+AND token IS NULL AND expires_at <= now()
+"#;
+
+impl Store for PgStore {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        Box::pin(self.claim_now(key, token, fingerprint, lease))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let held = self
+                .if_held(
+                    COMPLETE,
+                    key,
+                    token,
+                    |q| q.bind(record).bind(micros(ttl)),
+                    "complete failed",
+                )
+                .await?;
+            if held { Ok(()) } else { Err(Error::LeaseLost) }
+        })
+    }
+
+    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            self.if_held(RELEASE, key, token, |q| q, "release failed")
+                .await
+                .map(drop)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let held = self
+                .if_held(RENEW, key, token, |q| q.bind(micros(lease)), "renew failed")
+                .await?;
+            if held { Ok(()) } else { Err(Error::LeaseLost) }
+        })
+    }
+}
+
+/// A connection that [`PgStore::in_transaction`] can claim a key in: a `PgConnection` or an
+/// `sqlx::Transaction<'_, Postgres>`. The body gets back the same type it was given.
+pub trait TransactionConnection: Send {
+    /// The connection underneath.
+    fn connection(&mut self) -> &mut PgConnection;
+}
+
+impl TransactionConnection for PgConnection {
+    fn connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+impl TransactionConnection for sqlx::Transaction<'_, Postgres> {
+    fn connection(&mut self) -> &mut PgConnection {
+        self
+    }
+}
+
+/// One idempotent call in the caller's transaction: made by [`PgStore::in_transaction`], run by
+/// [`run`](Self::run).
+#[must_use]
+pub struct InTransaction<'c> {
+    conn: &'c mut PgConnection,
+    scope: Cow<'c, str>,
+    key: &'c str,
+    ttl: Duration,
+    fingerprint: Option<String>,
+}
+
+impl std::fmt::Debug for InTransaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InTransaction")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InTransaction<'_> {
+    /// How long the committed result is replayed (default 24 hours).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// A digest of the arguments: the same key with another fingerprint is
+    /// [`Error::KeyReused`].
+    pub fn fingerprint(mut self, fingerprint: String) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Claims the key in the transaction, then replays the committed result or runs `work` with
+    /// the connection and writes its result in the same transaction.
+    ///
+    /// * The key row is inserted with `INSERT ... ON CONFLICT DO NOTHING`. A concurrent call
+    ///   with the same key, in another transaction, waits on that row until this transaction
+    ///   ends: after a commit it replays the committed result, after a rollback it runs.
+    /// * Completed and committed before: the stored `Ok` value, and `work` is not run.
+    /// * Held by a live claim of the [`Store`] form: [`Error::InProgress`].
+    /// * `work` succeeds: its result is written to the key row and returned. Two statements in
+    ///   all on this path: the insert and the result's update.
+    /// * `work` fails: the key row is deleted if the transaction still takes statements, and the
+    ///   error is returned. Roll the transaction back (drop it), as you would without jobguard:
+    ///   the body's writes and the key go with it, and a redelivery runs the job again.
+    /// * A statement of jobguard's fails (database unreachable, transaction aborted):
+    ///   [`Error::Store`], and `work` does not run.
+    ///
+    /// The caller commits. Until then nothing is visible to other transactions, and a crash
+    /// loses the effect and the key together.
+    ///
+    /// `conn` must be inside a transaction begun through sqlx; otherwise the call fails with
+    /// [`Error::Store`] before running anything, since each statement would commit on its own.
+    ///
+    /// # Retries
+    ///
+    /// Once a statement fails inside a Postgres transaction, the transaction takes no more
+    /// statements until it rolls back to a savepoint. To retry the body (a deadlock, `40P01`),
+    /// run each attempt through [`savepoint`] inside `work`:
+    ///
+    /// ```no_run
+    /// # use jobguard::{PgStore, Policy};
+    /// # use jobguard::store::postgres::savepoint;
+    /// # #[derive(Debug)] struct MyError;
+    /// # impl std::fmt::Display for MyError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("e") } }
+    /// # impl From<jobguard::Error> for MyError { fn from(_: jobguard::Error) -> Self { MyError } }
+    /// # impl From<sqlx::Error> for MyError { fn from(_: sqlx::Error) -> Self { MyError } }
+    /// # impl jobguard::Transient for MyError { fn verdict(&self) -> jobguard::Verdict { jobguard::Verdict::Retry } }
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), MyError> {
+    /// const POLICY: Policy = Policy::new().attempts(3);
+    /// let mut tx = pool.begin().await?;
+    /// PgStore::in_transaction(&mut tx, "ledger.transfer", "t-42")
+    ///     .run(async |tx| {
+    ///         POLICY
+    ///             .run("ledger.transfer", async |_attempt| {
+    ///                 savepoint(&mut *tx, async |tx| {
+    ///                     sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                         .execute(&mut *tx)
+    ///                         .await?;
+    ///                     Ok::<_, MyError>(())
+    ///                 })
+    ///                 .await
+    ///             })
+    ///             .await
+    ///     })
+    ///     .await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// A serialization failure (`40001`, under `REPEATABLE READ` or `SERIALIZABLE`) cannot be
+    /// retried this way, since the transaction's snapshot stays the same: retry the whole
+    /// transaction instead, around the code that begins it.
+    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        T: crate::__private::Replayable,
+        E: crate::__private::FromJobguard,
+    {
+        let InTransaction {
+            conn,
+            scope,
+            key,
+            ttl,
+            fingerprint,
+        } = self;
+        if !conn.is_in_transaction() {
+            return Err(E::from(Error::Store(
+                "PgStore::in_transaction needs a connection inside a transaction \
+                 (pass the transaction from pool.begin())"
+                    .into(),
+            )));
+        }
+        let store_key = StoreKey { scope: &scope, key };
+        let (scope, stored) = PgStore::row_key(store_key);
+        let token = new_token();
+        match claim_in(&mut *conn, &scope, &stored, &token, fingerprint.as_deref())
+            .await
+            .map_err(E::from)?
+        {
+            Found::Acquired => {}
+            Found::Completed(bytes) => return decode::<T>(&bytes).map_err(E::from),
+            Found::Reused => return Err(E::from(Error::KeyReused)),
+            Found::Claimed => return Err(E::from(Error::InProgress)),
+        }
+        match work(&mut *conn).await {
+            Ok(value) => {
+                let record = encode_record(&value).map_err(|e| {
+                    E::from(Error::Corrupt(format!(
+                        "the result for {}:{} cannot be serialized: {e}",
+                        store_key.scope, store_key.key
+                    )))
+                })?;
+                sqlx::query(COMPLETE_IN)
+                    .bind(&*scope)
+                    .bind(&*stored)
+                    .bind(&token)
+                    .bind(&record)
+                    .bind(micros(ttl))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| E::from(store_error("storing the result failed", &e)))?;
+                Ok(value)
+            }
+            Err(error) => {
+                // An aborted transaction refuses this; it is rolled back whole then anyway.
+                let _ = sqlx::query(RELEASE)
+                    .bind(&*scope)
+                    .bind(&*stored)
+                    .bind(&token)
+                    .execute(&mut *conn)
+                    .await;
+                Err(error)
+            }
+        }
+    }
+}
+
+/// What the key's row held when claimed in a transaction.
+enum Found {
+    Acquired,
+    Completed(Vec<u8>),
+    Reused,
+    Claimed,
+}
+
+async fn claim_in(
+    conn: &mut PgConnection,
+    scope: &str,
+    key: &str,
+    token: &str,
+    fingerprint: Option<&str>,
+) -> Result<Found, Error> {
+    let fail = |e: sqlx::Error| store_error("claim failed", &e);
+    // The insert waits on a row another transaction inserted and has not committed; each
+    // statement after it sees what that transaction committed. A row that vanished or changed
+    // between two statements sends the loop round again.
+    for _ in 0..8 {
+        let inserted = sqlx::query(INSERT_IN)
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .bind(fingerprint)
+            .bind(micros(DEFAULT_LEASE))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(fail)?;
+        if inserted.is_some() {
+            return Ok(Found::Acquired);
+        }
+        let Some(row) = sqlx::query(READ_IN)
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(fail)?
+        else {
+            continue;
+        };
+        let get = |i| row.try_get::<bool, _>(i).map_err(fail);
+        let (expired, reused, completed) = (get(0)?, get(1)?, get(2)?);
+        if !expired {
+            return Ok(if reused {
+                Found::Reused
+            } else if completed {
+                let result: Option<Vec<u8>> = row.try_get(3).map_err(fail)?;
+                Found::Completed(result.ok_or_else(|| {
+                    Error::Corrupt("a completed idempotency row without a result".into())
+                })?)
+            } else {
+                Found::Claimed
+            });
+        }
+        let taken = sqlx::query(TAKE_OVER_IN)
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .bind(fingerprint)
+            .bind(micros(DEFAULT_LEASE))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(fail)?;
+        if taken.is_some() {
+            return Ok(Found::Acquired);
+        }
+    }
+    Err(Error::Store(
+        "claim failed: the key kept changing under concurrent claims".into(),
+    ))
+}
+
+// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs.
+const INSERT_IN: &str = r#"
+INSERT INTO jobguard_keys (scope, key, token, fingerprint, result, expires_at)
+VALUES ($1, $2, $3, $4, NULL, now() + $5::bigint * interval '1 microsecond')
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING 1
+"#;
+
+// $1 scope, $2 key, $3 fingerprint.
+const READ_IN: &str = r#"
+SELECT expires_at <= now(),
+       fingerprint IS NOT NULL AND $3::text IS NOT NULL AND fingerprint <> $3::text,
+       token IS NULL,
+       result
+FROM jobguard_keys WHERE scope = $1 AND key = $2
+"#;
+
+// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs.
+const TAKE_OVER_IN: &str = r#"
+UPDATE jobguard_keys
+SET token = $3, fingerprint = $4, result = NULL,
+    expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND expires_at <= now()
+RETURNING 1
+"#;
+
+// $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs. The transaction's own row: no lease
+// check, since no one else can see it before the commit.
+const COMPLETE_IN: &str = r#"
+UPDATE jobguard_keys
+SET token = NULL, result = $4, expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND token = $3
+"#;
+
+/// Runs `work` in a savepoint of the transaction that `conn` is in: released when `work`
+/// succeeds, rolled back when it fails, so the transaction takes statements again and a retry
+/// starts from where the attempt started. Costs two round trips (`SAVEPOINT`, then `RELEASE` or
+/// `ROLLBACK TO`).
+///
+/// A savepoint that cannot be made or ended is [`Error::Store`] in the job's error type. If the
+/// future is dropped while `work` runs, the savepoint stays open inside the transaction: roll the
+/// transaction back.
+pub async fn savepoint<T, E, F>(conn: &mut PgConnection, work: F) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    E: From<Error>,
+{
+    let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
+    sqlx::query("SAVEPOINT jobguard_attempt")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| fail("savepoint failed", e))?;
+    match work(&mut *conn).await {
+        Ok(value) => {
+            sqlx::query("RELEASE SAVEPOINT jobguard_attempt")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| fail("releasing the savepoint failed", e))?;
+            Ok(value)
+        }
+        Err(error) => {
+            sqlx::query("ROLLBACK TO SAVEPOINT jobguard_attempt")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| fail("rolling back to the savepoint failed", e))?;
+            Err(error)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rk<'a>(scope: &'a str, key: &'a str) -> (String, String) {
+        let (s, k) = PgStore::row_key(StoreKey { scope, key });
+        (s.into_owned(), k.into_owned())
+    }
+
+    #[test]
+    fn short_keys_without_nul_are_verbatim() {
+        assert_eq!(rk("payments.charge", "idem-1").1, "idem-1");
+        assert_eq!(rk("s", "has space, café").1, "has space, café");
+        assert_eq!(rk("s", &"k".repeat(200)).1, "k".repeat(200));
+        assert_eq!(rk("it's \"quoted\"", "k").0, "it's \"quoted\"");
+    }
+
+    #[test]
+    fn long_nul_and_hash_keys_are_hashed() {
+        for key in ["k".repeat(201), "nul\0".into(), "#x".into()] {
+            let stored = rk("s", &key).1;
+            assert!(stored.starts_with("#sha256:"), "{key:?}");
+            assert_eq!(stored.len(), 8 + 64);
+        }
+        assert_ne!(rk("s", "a\0").1, rk("s", "a\0\0").1);
+    }
+
+    #[test]
+    fn scopes_escape_percent_and_nul() {
+        assert_eq!(rk("a\0b", "k").0, "a%00b");
+        assert_eq!(rk("a%00b", "k").0, "a%2500b");
+        assert_ne!(rk("a\0b", "k"), rk("a%00b", "k"));
+    }
+
+    #[test]
+    fn micros_is_clamped() {
+        assert_eq!(micros(Duration::ZERO), 1);
+        assert_eq!(micros(Duration::from_millis(300)), 300_000);
+        assert_eq!(micros(Duration::MAX), 1 << 53);
+    }
+}

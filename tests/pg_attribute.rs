@@ -1,0 +1,172 @@
+//! `#[idempotent(key = ..., transaction = tx)]` against a private `postgres`: the key in the
+//! caller's transaction through the attribute, for both parameter types, and with `#[retry]`
+//! each attempt in a savepoint that a failed one rolls back.
+
+#[path = "../testkit/src/postgres.rs"]
+#[allow(dead_code)]
+mod postgres;
+
+use jobguard::{PgStore, Transient, Verdict};
+use postgres::PgServer;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+#[derive(Debug)]
+enum JobError {
+    Db(sqlx::Error),
+    Guard(jobguard::Error),
+    Flaky,
+}
+
+impl From<sqlx::Error> for JobError {
+    fn from(e: sqlx::Error) -> Self {
+        JobError::Db(e)
+    }
+}
+
+impl From<jobguard::Error> for JobError {
+    fn from(e: jobguard::Error) -> Self {
+        JobError::Guard(e)
+    }
+}
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl Transient for JobError {
+    fn verdict(&self) -> Verdict {
+        match self {
+            JobError::Db(e) => e.verdict(),
+            JobError::Guard(e) => e.verdict(),
+            JobError::Flaky => Verdict::Retry,
+        }
+    }
+}
+
+#[jobguard::idempotent(key = order, transaction = tx)]
+async fn on_connection(tx: &mut PgConnection, order: &str) -> Result<i64, JobError> {
+    let id: i64 = sqlx::query_scalar("INSERT INTO effects (key) VALUES ($1) RETURNING id")
+        .bind(order)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(id)
+}
+
+#[jobguard::idempotent(key = order, transaction = tx, scope = "tests.attribute")]
+async fn on_transaction(tx: &mut Transaction<'_, Postgres>, order: &str) -> Result<i64, JobError> {
+    // Inside the body, `tx` is the transaction's `&mut PgConnection`.
+    let id: i64 = sqlx::query_scalar("INSERT INTO effects (key) VALUES ($1) RETURNING id")
+        .bind(order)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(id)
+}
+
+static ATTEMPTS: AtomicU32 = AtomicU32::new(0);
+
+#[jobguard::idempotent(key = order, transaction = tx)]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "2ms")]
+async fn flaky_once(tx: &mut PgConnection, order: &str) -> Result<i64, JobError> {
+    let id: i64 = sqlx::query_scalar("INSERT INTO effects (key) VALUES ($1) RETURNING id")
+        .bind(order)
+        .fetch_one(&mut *tx)
+        .await?;
+    if ATTEMPTS.fetch_add(1, Ordering::Relaxed) == 0 {
+        return Err(JobError::Flaky);
+    }
+    Ok(id)
+}
+
+async fn setup(server: &PgServer) -> PgPool {
+    let store = PgStore::connect(&server.url()).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.pool().clone()
+}
+
+async fn effects(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn both_parameter_types_replay_after_the_commit() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut results = Vec::new();
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        results.push(on_connection(&mut tx, "a").await.unwrap());
+        results.push(on_transaction(&mut tx, "b").await.unwrap());
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(results[0], results[2]);
+    assert_eq!(results[1], results[3]);
+    assert_eq!(
+        (effects(&pool, "a").await, effects(&pool, "b").await),
+        (1, 1)
+    );
+    // Rolled back: a later delivery runs.
+    let mut tx = pool.begin().await.unwrap();
+    on_connection(&mut tx, "c").await.unwrap();
+    drop(tx);
+    assert_eq!(effects(&pool, "c").await, 0);
+}
+
+#[tokio::test]
+async fn with_retry_a_failed_attempt_is_rolled_back_to_its_savepoint() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    let id = flaky_once(&mut tx, "r").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(ATTEMPTS.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        effects(&pool, "r").await,
+        1,
+        "the first attempt's row was rolled back"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(flaky_once(&mut tx, "r").await.unwrap(), id, "replayed");
+    assert_eq!(ATTEMPTS.load(Ordering::Relaxed), 2);
+}
+
+/// Compiles only if each job, awaited inside a transaction, can be spawned on a multi-threaded
+/// runtime (`Send + 'static`).
+fn spawnable(pool: PgPool) {
+    fn spawn<F: std::future::Future + Send + 'static>(_: F) {}
+    let p = pool.clone();
+    spawn(async move {
+        let mut tx = p.begin().await?;
+        on_connection(&mut tx, "k").await?;
+        on_transaction(&mut tx, "k").await?;
+        flaky_once(&mut tx, "k").await?;
+        tx.commit().await?;
+        Ok::<_, JobError>(())
+    });
+    let mut conn = None::<PgConnection>;
+    spawn(async move {
+        if let Some(conn) = conn.as_mut() {
+            on_connection(conn, "k").await?;
+        }
+        Ok::<_, JobError>(())
+    });
+}
+
+#[test]
+fn the_futures_are_send() {
+    let _ = spawnable;
+}
