@@ -9,7 +9,7 @@ mod postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
 use jobguard::{Claim, Policy, Store, StoreKey, Transient, Verdict};
-use jobguard_workspace::redis::rerun_test;
+use jobguard_testkit::redis::rerun_test;
 use postgres::PgServer;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
