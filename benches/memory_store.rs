@@ -1,54 +1,36 @@
-//! `MemoryStore` claim+complete (one idempotent job's store traffic) beside a bare
-//! `Mutex<HashMap>` insert-and-get, and the replay of a completed key, in one run.
+//! `MemoryStore` claim + complete (one idempotent job's store traffic) with 10 thousand, 1
+//! million and 10 million records resident, each beside a bare `Mutex<HashMap>` holding as many;
+//! and, before measuring, how long the store holds a shard while 100,000 records expire.
 //!
 //! ```text
 //! cargo bench --bench memory_store -- --warm-up-time 1 --measurement-time 3
+//! JOBGUARD_BENCH_SIZES=10000,1000000 cargo bench --bench memory_store -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
-//! The contenders, one job (or one replay) per iteration:
+//! The contenders, one job per iteration, with fresh keys (`job-` and 16 hex digits of a counter,
+//! written in place):
 //!
-//! - `MemoryStore` (default capacity, 16 shards): `claim` a fresh key for a 30 s lease, then
-//!   `complete` it with a small JSON record; the replay is a `claim` of a completed key, which
-//!   answers `Claim::Completed(record)`.
-//! - a bare `std::sync::Mutex<HashMap<String, Vec<u8>>>`: insert the token under the fresh key,
-//!   then, under the lock again, get it and replace it with the record; the replay is a get that
-//!   clones the record. This is the line the 2× target is judged against.
-//! - the same bare map split into 16 `Mutex<HashMap>` shards picked by a `RandomState` hash of
-//!   the key, as `MemoryStore` does: the bare map's cost plus sharding's, for a fair look.
-//! - the harness alone: making the fresh key, nothing stored.
+//! - `MemoryStore` holding N records (`max_records(N)`, no byte bound in the way, `min_retention`
+//!   zero, a 24 h TTL): `claim` the fresh key for a 30 s lease, then `complete` it with a 58-byte
+//!   JSON record. The store is full, so every claim gives up the oldest completed record: the
+//!   store's steady state at its bound, paying for one record's eviction per job.
+//! - a bare `std::sync::Mutex<HashMap<String, Vec<u8>>>` holding N records: insert the token under
+//!   the fresh key, then under the lock again replace it with the record, and remove the key
+//!   written N jobs before, so it too holds N and frees one record per job.
 //!
-//! **Steady state.** Keys are fresh per iteration (a counter, written in place, no `format!`).
-//! `MemoryStore` is bounded: at capacity (100,000 records, 6,250 a shard) a claim first evicts the
-//! shard's expired records, and a claim it still has no room for fails with `Error::Store`. With
-//! a TTL of minutes, the store would be full within a tenth of a second and every claim after it
-//! would measure a scan of the shard and a refusal. So the jobs here complete with a 1 ms TTL:
-//! at the rates measured here (about a million jobs a second) about a thousand records are live
-//! at once, far under the capacity, and each shard fills to its bound with expired records, then
-//! evicts them all in one sweep: the store's own steady state, paying for every record's
-//! eviction (the check prints the live count). The bare maps are bounded alike: a map (or
-//! shard) at the same bound is cleared before the next insert, so both sides hold about as many
-//! records and free each one once. The replay keys (1,024, completed before measuring with a
-//! one-hour TTL) live in separate stores and maps.
+//! Everything runs on one current-thread tokio runtime; criterion's `to_async` enters it once
+//! per sample and `iter_custom` times a plain loop of jobs. Each size is filled, measured and
+//! dropped before the next, the store first. The bench prints the bytes per record the store
+//! counts against its bound, and the growth of the process's resident memory over the fill.
 //!
-//! **Harness.** Everything runs on one current-thread tokio runtime. `Store`'s methods return
-//! boxed futures, so the store is awaited as a job would await it; criterion's `to_async` enters
-//! the runtime once per sample (`iter_custom` times a plain loop of jobs inside it), not once per
-//! job, so no `block_on` is measured. The clock is not paused (a paused tokio clock would put a
-//! mutex behind every `Instant::now()` the store reads).
-//!
-//! Before measuring, each contender is checked: a claim of a free key is acquired, a second one
-//! finds it in progress, and after the completion a claim replays the record (for the bare maps:
-//! the job leaves the record under the key, and the replay returns it); 3× capacity fresh jobs
-//! all succeed (never refused for room) and leave at most the capacity kept. The check also
-//! prints how long `MemoryStore`'s sweeps hold up the claim that triggers one, which the mean
-//! per job amortizes away.
+//! **Expiry.** Before the sizes, 100,000 records completed with a 20 ms TTL are left to expire;
+//! then fresh claims (each released) are timed one by one until the store has dropped all of
+//! them. A claim's time bounds how long it held its shard's lock. The check runs three times and
+//! prints the longest claim of each, and the longest of the claims that dropped records.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use jobguard::store::memory::DEFAULT_CAPACITY;
 use jobguard::{Claim, MemoryStore, Store, StoreKey};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::hint::black_box;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -57,46 +39,23 @@ const SCOPE: &str = "bench.charge";
 /// A token shaped like `#[idempotent]`'s: 32 hex digits.
 const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 const LEASE: Duration = Duration::from_secs(30);
-/// Short, so the fresh keys expire and the bounded store sweeps them: see the module doc.
-const TTL: Duration = Duration::from_millis(1);
-/// Long, so the replayed keys stay completed for the whole run.
-const REPLAY_TTL: Duration = Duration::from_secs(3600);
+const TTL: Duration = Duration::from_secs(24 * 3600);
 /// What `#[idempotent]` stores for a small `Ok` value (as in `benches/redis_store.rs`).
 const RECORD: &[u8] = br#"{"v":1,"ok":{"order_id":"order-123456","attempts_used":1}}"#;
-/// `MemoryStore`'s shard count (private to the runtime; its doc says 16).
-const SHARDS: usize = 16;
-const REPLAY_KEYS: usize = 1024;
-/// A job slower than this in the check is counted as a sweep's pause.
-const SLOW: Duration = Duration::from_micros(50);
+const SIZES: [usize; 3] = [10_000, 1_000_000, 10_000_000];
+const EXPIRING: usize = 100_000;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// `job-` and 16 hex digits of a counter, written in place: a fresh key without `format!`.
-struct FreshKeys {
-    next: u64,
-    buf: [u8; 20],
-}
-
-impl FreshKeys {
-    /// `count` keys no one has used yet.
-    fn take(count: u64) -> Self {
-        let mut buf = [b'0'; 20];
-        buf[..4].copy_from_slice(b"job-");
-        FreshKeys {
-            next: NEXT.fetch_add(count, Ordering::Relaxed),
-            buf,
-        }
+/// `job-` and 16 hex digits of `n`.
+fn write_key(n: u64, buf: &mut [u8; 20]) -> &str {
+    buf[..4].copy_from_slice(b"job-");
+    let mut n = n;
+    for b in buf[4..].iter_mut().rev() {
+        *b = b"0123456789abcdef"[(n & 15) as usize];
+        n >>= 4;
     }
-
-    fn next(&mut self) -> &str {
-        let mut n = self.next;
-        self.next += 1;
-        for b in self.buf[4..].iter_mut().rev() {
-            *b = b"0123456789abcdef"[(n & 15) as usize];
-            n >>= 4;
-        }
-        std::str::from_utf8(&self.buf).unwrap()
-    }
+    std::str::from_utf8(buf).unwrap()
 }
 
 fn key(key: &str) -> StoreKey<'_> {
@@ -110,124 +69,153 @@ async fn memory_job(store: &MemoryStore, k: &str, ttl: Duration) {
     store.complete(key(k), TOKEN, RECORD, ttl).await.unwrap();
 }
 
-/// A redelivery of a completed job: its claim replays the record.
-async fn memory_replay(store: &MemoryStore, k: &str) -> Vec<u8> {
-    match store.claim(key(k), TOKEN, None, LEASE).await {
-        Ok(Claim::Completed(record)) => record,
-        other => panic!("{other:?}"),
-    }
-}
-
-type Map = HashMap<String, Vec<u8>>;
-
-/// `shards` bare `Mutex<HashMap>`s, each cleared when it reaches its share of `capacity`.
+/// A bare map holding `resident` records: each job adds one and removes the one added
+/// `resident` jobs before.
 struct Bare {
-    shards: Box<[Mutex<Map>]>,
-    per_shard: usize,
-    hasher: RandomState,
+    map: Mutex<HashMap<String, Vec<u8>>>,
+    resident: u64,
 }
 
 impl Bare {
-    fn new(shards: usize, capacity: usize) -> Self {
-        Bare {
-            shards: (0..shards).map(|_| Mutex::new(Map::new())).collect(),
-            per_shard: capacity.div_ceil(shards),
-            hasher: RandomState::new(),
-        }
-    }
-
-    fn shard(&self, key: &str) -> &Mutex<Map> {
-        if self.shards.len() == 1 {
-            return &self.shards[0];
-        }
-        let i = self.hasher.hash_one(key) as usize % self.shards.len();
-        &self.shards[i]
-    }
-
-    /// Insert a claim for a fresh key, then get it and replace it with the record.
-    fn job(&self, key: &str) {
-        let shard = self.shard(key);
+    fn job(&self, n: u64) {
+        let (mut fresh, mut old) = ([0; 20], [0; 20]);
+        let k = write_key(n, &mut fresh);
         {
-            let mut map = shard.lock().unwrap();
-            if map.len() >= self.per_shard {
-                map.clear();
-            }
-            let prev = map.insert(key.to_owned(), TOKEN.as_bytes().to_vec());
+            let mut map = self.map.lock().unwrap();
+            let prev = map.insert(k.to_owned(), TOKEN.as_bytes().to_vec());
             assert!(prev.is_none());
         }
-        let mut map = shard.lock().unwrap();
-        *map.get_mut(key).unwrap() = RECORD.to_vec();
-    }
-
-    fn replay(&self, key: &str) -> Vec<u8> {
-        self.shard(key).lock().unwrap().get(key).unwrap().clone()
-    }
-
-    fn complete_forever(&self, key: &str) {
-        let mut map = self.shard(key).lock().unwrap();
-        map.insert(key.to_owned(), RECORD.to_vec());
-    }
-
-    fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+        let mut map = self.map.lock().unwrap();
+        *map.get_mut(k).unwrap() = RECORD.to_vec();
+        if let Some(gone) = n.checked_sub(self.resident) {
+            map.remove(write_key(gone, &mut old));
+        }
     }
 }
 
-/// Each contender does what its name claims, and stays bounded at steady state.
-async fn check(fresh: &MemoryStore, replays: &MemoryStore, bare: &[(&str, &Bare, &Bare)]) {
+/// The process's resident memory, in bytes (Linux), else 0.
+fn rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A claim, a claim in progress, a completion and its replay: the store does what it claims.
+async fn check(store: &MemoryStore) {
     let k = key("check-0");
     assert_eq!(
-        replays.claim(k, TOKEN, None, LEASE).await,
+        store.claim(k, TOKEN, None, LEASE).await,
         Ok(Claim::Acquired)
     );
     assert!(matches!(
-        replays.claim(k, "another-token", None, LEASE).await,
+        store.claim(k, "another-token", None, LEASE).await,
         Ok(Claim::InProgress { .. })
     ));
-    replays
-        .complete(k, TOKEN, RECORD, REPLAY_TTL)
-        .await
-        .unwrap();
-    assert_eq!(memory_replay(replays, "check-0").await, RECORD);
-
-    let jobs = 3 * DEFAULT_CAPACITY as u64;
-    let mut keys = FreshKeys::take(jobs);
-    // The last two thirds are the steady state: time each job to see the sweeps' pauses.
-    let (start, mut slow) = (Instant::now(), Vec::new());
-    for i in 0..jobs {
-        let t = Instant::now();
-        memory_job(fresh, keys.next(), TTL).await;
-        let took = t.elapsed();
-        if i >= jobs / 3 && took > SLOW {
-            slow.push(took);
-        }
-    }
-    let per_job = start.elapsed() / jobs as u32;
-    assert!(fresh.len() <= fresh.capacity(), "{}", fresh.len());
-    slow.sort();
-    println!(
-        "check: MemoryStore ran {jobs} fresh jobs ({per_job:?} each), none refused; {} records kept \
-         (capacity {}); ~{} live at a time ({TTL:?} TTL); of the last {}, {} took over {SLOW:?} \
-         (median {:?}, slowest {:?}): the sweeps",
-        fresh.len(),
-        fresh.capacity(),
-        TTL.as_nanos() / per_job.as_nanos().max(1),
-        jobs - jobs / 3,
-        slow.len(),
-        slow.get(slow.len() / 2).copied().unwrap_or_default(),
-        slow.last().copied().unwrap_or_default(),
+    store.complete(k, TOKEN, RECORD, TTL).await.unwrap();
+    assert_eq!(
+        store.claim(k, "another-token", None, LEASE).await,
+        Ok(Claim::Completed(RECORD.to_vec()))
     );
+}
 
-    for (name, fresh, replays) in bare {
-        fresh.job("check-0");
-        assert_eq!(fresh.replay("check-0"), RECORD, "{name}");
-        replays.complete_forever("check-0");
-        assert_eq!(replays.replay("check-0"), RECORD, "{name}");
-        let mut keys = FreshKeys::take(jobs);
-        for _ in 0..jobs {
-            fresh.job(keys.next());
+/// 100,000 records expire; fresh claims are timed until the store has dropped them all.
+async fn expiry_pauses() {
+    for run in 1..=3 {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_millis(20);
+        let mut buf = [0; 20];
+        let first = NEXT.fetch_add(EXPIRING as u64, Ordering::Relaxed);
+        for n in first..first + EXPIRING as u64 {
+            memory_job(&store, write_key(n, &mut buf), ttl).await;
         }
-        assert!(fresh.len() <= DEFAULT_CAPACITY, "{name}: {}", fresh.len());
+        std::thread::sleep(ttl);
+        let (mut longest, mut longest_dropping, mut claims) = (Duration::ZERO, Duration::ZERO, 0);
+        let mut times = Vec::new();
+        let start = Instant::now();
+        while store.stats().expired < EXPIRING as u64 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let k = write_key(n, &mut buf);
+            let before = store.len();
+            let t = Instant::now();
+            let claim = store.claim(key(k), TOKEN, None, LEASE).await;
+            let took = t.elapsed();
+            assert_eq!(claim, Ok(Claim::Acquired));
+            store.release(key(k), TOKEN).await.unwrap();
+            longest = longest.max(took);
+            if store.len() < before {
+                longest_dropping = longest_dropping.max(took);
+            }
+            times.push(took);
+            claims += 1;
+        }
+        times.sort();
+        println!(
+            "expiry run {run}: {EXPIRING} expired records dropped by {claims} claims in {:?}; \
+             claim time median {:?}, 99.9th percentile {:?}, longest {longest:?} (longest of \
+             those that dropped records: {longest_dropping:?}); {:?}",
+            start.elapsed(),
+            times[times.len() / 2],
+            times[times.len() * 999 / 1000],
+            store.stats(),
+        );
+    }
+}
+
+/// The two contenders in alternating batches of `BATCH` jobs, `ROUNDS` times: on a machine
+/// whose load changes from one second to the next, each pair of batches runs under about the
+/// same load, and the medians of the per-job times leave out the batches a neighbour preempted.
+async fn interleaved(n: usize, store: &MemoryStore, bare: &Bare, next: &AtomicU64) {
+    const BATCH: u64 = 20_000;
+    const ROUNDS: usize = 31;
+    let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut buf = [0; 20];
+    for _ in 0..ROUNDS {
+        let first = NEXT.fetch_add(BATCH, Ordering::Relaxed);
+        let t = Instant::now();
+        for k in first..first + BATCH {
+            memory_job(store, write_key(k, &mut buf), TTL).await;
+        }
+        let a = t.elapsed() / BATCH as u32;
+        let first = next.fetch_add(BATCH, Ordering::Relaxed);
+        let t = Instant::now();
+        for k in first..first + BATCH {
+            bare.job(k);
+        }
+        let b = t.elapsed() / BATCH as u32;
+        ours.push(a);
+        theirs.push(b);
+        ratios.push(a.as_secs_f64() / b.as_secs_f64());
+    }
+    ours.sort();
+    theirs.sort();
+    ratios.sort_by(f64::total_cmp);
+    let mid = ROUNDS / 2;
+    println!(
+        "{n} resident, interleaved ({ROUNDS} rounds of {BATCH} jobs each): MemoryStore median \
+         {:?}/job (fastest {:?}), Mutex<HashMap> median {:?}/job (fastest {:?}); ratio of \
+         medians {:.2}, of fastest {:.2}, median of the rounds' ratios {:.2} (quartiles {:.2} - {:.2})",
+        ours[mid],
+        ours[0],
+        theirs[mid],
+        theirs[0],
+        ours[mid].as_secs_f64() / theirs[mid].as_secs_f64(),
+        ours[0].as_secs_f64() / theirs[0].as_secs_f64(),
+        ratios[mid],
+        ratios[ROUNDS / 4],
+        ratios[3 * ROUNDS / 4],
+    );
+}
+
+fn sizes() -> Vec<usize> {
+    match std::env::var("JOBGUARD_BENCH_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| s.trim().parse().expect("JOBGUARD_BENCH_SIZES: numbers"))
+            .collect(),
+        Err(_) => SIZES.to_vec(),
     }
 }
 
@@ -236,95 +224,86 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-
-    let fresh = MemoryStore::new();
-    let replays = MemoryStore::new();
-    assert_eq!(fresh.capacity(), DEFAULT_CAPACITY);
-    let bare = Bare::new(1, DEFAULT_CAPACITY);
-    let bare_replays = Bare::new(1, DEFAULT_CAPACITY);
-    let sharded = Bare::new(SHARDS, DEFAULT_CAPACITY);
-    let sharded_replays = Bare::new(SHARDS, DEFAULT_CAPACITY);
-    let replay_keys: Vec<String> = (0..REPLAY_KEYS).map(|i| format!("order-{i}")).collect();
     rt.block_on(async {
-        check(
-            &fresh,
-            &replays,
-            &[
-                ("Mutex<HashMap>", &bare, &bare_replays),
-                ("16 × Mutex<HashMap>", &sharded, &sharded_replays),
-            ],
-        )
-        .await;
-        for k in &replay_keys {
-            memory_job(&replays, k, REPLAY_TTL).await;
-            bare_replays.complete_forever(k);
-            sharded_replays.complete_forever(k);
-        }
+        check(&MemoryStore::new()).await;
+        expiry_pauses().await;
     });
 
-    let (fresh, replays) = (&fresh, &replays);
     let mut group = c.benchmark_group("memory_store");
     group.throughput(Throughput::Elements(1));
-
-    group.bench_function("fresh key: MemoryStore claim + complete", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let mut keys = FreshKeys::take(iters);
-            let start = Instant::now();
-            for _ in 0..iters {
-                memory_job(fresh, keys.next(), TTL).await;
+    group.sample_size(10);
+    for n in sizes() {
+        // The store, full at `n` records.
+        let store = MemoryStore::builder()
+            .max_records(n)
+            .max_bytes(usize::MAX)
+            .min_retention(Duration::ZERO)
+            .build();
+        let rss_before = rss();
+        let fill = Instant::now();
+        rt.block_on(async {
+            check(&store).await;
+            let mut buf = [0; 20];
+            let first = NEXT.fetch_add(n as u64, Ordering::Relaxed);
+            for k in first..first + n as u64 {
+                memory_job(&store, write_key(k, &mut buf), TTL).await;
             }
-            start.elapsed()
-        })
-    });
-    for (name, map) in [
-        ("fresh key: Mutex<HashMap> insert + get_mut", &bare),
-        ("fresh key: 16 × Mutex<HashMap> insert + get_mut", &sharded),
-    ] {
-        group.bench_function(name, |b| {
+        });
+        let stats = store.stats();
+        println!(
+            "{n} resident: filled in {:?}; {} records, {} bytes counted ({} per record), \
+             resident memory +{} bytes ({} per record); {:?}",
+            fill.elapsed(),
+            stats.records,
+            stats.bytes,
+            stats.bytes / stats.records,
+            rss().saturating_sub(rss_before),
+            rss().saturating_sub(rss_before) / stats.records,
+            stats,
+        );
+        // The bare map, holding `n` records too.
+        let bare = Bare {
+            map: Mutex::new(HashMap::new()),
+            resident: n as u64,
+        };
+        for k in 0..n as u64 {
+            bare.job(k);
+        }
+        let next = AtomicU64::new(n as u64);
+        rt.block_on(interleaved(n, &store, &bare, &next));
+
+        let s = &store;
+        group.bench_function(format!("{n} resident: MemoryStore claim + complete"), |b| {
             b.to_async(&rt).iter_custom(|iters| async move {
-                let mut keys = FreshKeys::take(iters);
+                let first = NEXT.fetch_add(iters, Ordering::Relaxed);
+                let mut buf = [0; 20];
                 let start = Instant::now();
-                for _ in 0..iters {
-                    map.job(keys.next());
+                for k in first..first + iters {
+                    memory_job(s, write_key(k, &mut buf), TTL).await;
                 }
                 start.elapsed()
             })
         });
-    }
-    group.bench_function("fresh key: harness only (make the key)", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let mut keys = FreshKeys::take(iters);
-            let start = Instant::now();
-            for _ in 0..iters {
-                black_box(keys.next());
-            }
-            start.elapsed()
-        })
-    });
+        let stats = store.stats();
+        assert!(stats.evicted > 0 && stats.records <= n, "{stats:?}");
+        println!("{n} resident, after: {stats:?}");
+        drop(store);
 
-    let replay_key = |i: u64| replay_keys[i as usize % REPLAY_KEYS].as_str();
-    group.bench_function("replay: MemoryStore claim → Completed", |b| {
-        b.to_async(&rt).iter_custom(|iters| async move {
-            let start = Instant::now();
-            for i in 0..iters {
-                black_box(memory_replay(replays, replay_key(i)).await);
-            }
-            start.elapsed()
-        })
-    });
-    for (name, map) in [
-        ("replay: Mutex<HashMap> get + clone", &bare_replays),
-        ("replay: 16 × Mutex<HashMap> get + clone", &sharded_replays),
-    ] {
-        group.bench_function(name, |b| {
-            b.to_async(&rt).iter_custom(|iters| async move {
-                let start = Instant::now();
-                for i in 0..iters {
-                    black_box(map.replay(replay_key(i)));
-                }
-                start.elapsed()
-            })
-        });
+        let (bare, next) = (&bare, &next);
+        group.bench_function(
+            format!("{n} resident: Mutex<HashMap> insert + get_mut + remove"),
+            |b| {
+                b.to_async(&rt).iter_custom(|iters| async move {
+                    let first = next.fetch_add(iters, Ordering::Relaxed);
+                    let start = Instant::now();
+                    for k in first..first + iters {
+                        bare.job(k);
+                    }
+                    start.elapsed()
+                })
+            },
+        );
+        assert_eq!(bare.map.lock().unwrap().len(), n);
     }
     group.finish();
 }

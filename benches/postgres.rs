@@ -16,9 +16,7 @@
 //! number of jobs spread over the tasks, and the table gives each contender's median round in
 //! jobs per second, and the ratio to its peer. `JOBGUARD_BENCH_QUICK=1` runs a tenth of the jobs.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
 use jobguard::{Claim, Store, StoreKey};

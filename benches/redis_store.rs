@@ -256,7 +256,7 @@ async fn set_nx_px(store: &RedisStore, tasks: usize, jobs: u64) -> Duration {
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks as u64)
         .map(|t| {
-            let mut conn = store.manager();
+            let mut conn = store.connection();
             let mine = jobs / tasks as u64 + u64::from(t < jobs % tasks as u64);
             tokio::spawn(async move {
                 for _ in 0..mine {
@@ -283,7 +283,7 @@ async fn set_nx_px(store: &RedisStore, tasks: usize, jobs: u64) -> Duration {
 fn flush(rt: &tokio::runtime::Runtime, store: &RedisStore) {
     rt.block_on(async {
         let _: () = redis::cmd("FLUSHALL")
-            .query_async(&mut store.manager())
+            .query_async(&mut store.connection())
             .await
             .unwrap();
     });

@@ -1,25 +1,30 @@
-//! The retry wrapper's cost, in one run: the success path, and a path that fails three times and
-//! then succeeds with zero delays, of a bare call, `#[retry]`, `Policy::run`, backon and
-//! tokio-retry, all around the same work function.
+//! The retry wrapper's cost, in one run, beside the peers.
 //!
 //! ```text
+//! cargo bench --bench retry --no-default-features -- --warm-up-time 1 --measurement-time 3
 //! cargo bench --bench retry -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
-//! Every contender is configured alike: 4 attempts (3 retries), zero delay, no jitter, every
-//! error retried. The "bare" line of the failing path is a hand-written `loop` that calls the
-//! work again until it succeeds: the least any retry can cost. Everything runs on one
-//! current-thread tokio runtime, the way a worker would run a job; criterion's `to_async`
-//! enters it once per sample, not once per call.
+//! `retry_success`: the first attempt succeeds. The work is as small as the peers' own examples
+//! (`async fn` returning `Ok(black_box(n) + 1)`), wrapped as a new user would: `#[retry(attempts =
+//! 5, base = "500ms", cap = "8s")]` (with and without a `static` breaker), `Policy::run`, backon's
+//! `ExponentialBuilder` and tokio-retry's `Retry::start` with the same curve.
+//!
+//! `retry_fail3_then_succeed`: 4 attempts (3 retries), zero delay, no jitter, every error
+//! retried. The "bare" line is a hand-written `loop` that calls the work again until it
+//! succeeds: the least any retry can cost.
+//!
+//! Everything runs on one current-thread tokio runtime, the way a worker would run a job;
+//! criterion's `to_async` enters it once per sample, not once per call.
 
-use backon::{ConstantBuilder, Retryable};
+use backon::{ConstantBuilder, ExponentialBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
-use jobguard::{Jitter, Policy};
+use jobguard::{CircuitBreaker, Jitter, Policy};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::io;
 use std::time::Duration;
-use tokio_retry::strategy::FixedInterval;
+use tokio_retry::strategy::{ExponentialBackoff, FixedInterval};
 
 /// The work every contender wraps: fails with a transient I/O error (which allocates nothing)
 /// until it has been called `fail + 1` times, then answers.
@@ -31,11 +36,6 @@ async fn work(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
     } else {
         Ok(black_box(u64::from(n)))
     }
-}
-
-/// Calls `work` once.
-async fn bare(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
-    work(calls, fail).await
 }
 
 /// Calls `work` until it succeeds, with nothing in between.
@@ -80,6 +80,65 @@ async fn tokio_retry(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
     .await
 }
 
+/// The success path's work: as small as the peers' examples.
+async fn answer(n: u64) -> Result<u64, io::Error> {
+    Ok(black_box(n) + 1)
+}
+
+async fn answer_bare(n: u64) -> Result<u64, io::Error> {
+    answer(n).await
+}
+
+#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
+async fn answer_retry(n: u64) -> Result<u64, io::Error> {
+    Ok(black_box(n) + 1)
+}
+
+static BREAKER: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
+
+#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", breaker = BREAKER)]
+async fn answer_breaker(n: u64) -> Result<u64, io::Error> {
+    Ok(black_box(n) + 1)
+}
+
+const CURVE: Policy = Policy::new()
+    .attempts(5)
+    .base(Duration::from_millis(500))
+    .cap(Duration::from_secs(8));
+
+async fn answer_policy_run(n: u64) -> Result<u64, io::Error> {
+    CURVE.run("bench::answer", async |_| answer(n).await).await
+}
+
+async fn answer_backon(n: u64) -> Result<u64, io::Error> {
+    let curve = ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(8))
+        .with_max_times(4)
+        .with_jitter();
+    (|| answer(n)).retry(curve).await
+}
+
+async fn answer_tokio_retry(n: u64) -> Result<u64, io::Error> {
+    let curve = ExponentialBackoff::from_millis(2)
+        .factor(250)
+        .max_delay(Duration::from_secs(8))
+        .map(tokio_retry::strategy::jitter)
+        .take(4);
+    tokio_retry::Retry::start(curve, || answer(n)).await
+}
+
+/// Benchmarks one contender of the success path.
+macro_rules! answers {
+    ($group:expr, $rt:expr, $name:expr, $call:path) => {{
+        assert_eq!($rt.block_on($call(41)).unwrap(), 42, "{}", $name);
+        $group.bench_function($name, |b| {
+            b.to_async($rt)
+                .iter(|| async { black_box($call(black_box(41)).await) })
+        });
+    }};
+}
+
 /// Benchmarks one contender: each iteration is one job call from a fresh counter. Before
 /// measuring, checks that the contender ran the work `fail + 1` times and succeeded.
 macro_rules! contender {
@@ -111,11 +170,12 @@ fn retry(c: &mut Criterion) {
         .unwrap();
 
     let mut group = c.benchmark_group("retry_success");
-    contender!(group, &rt, "bare call", 0, bare);
-    contender!(group, &rt, "#[retry]", 0, attribute);
-    contender!(group, &rt, "Policy::run", 0, policy_run);
-    contender!(group, &rt, "backon", 0, backon);
-    contender!(group, &rt, "tokio-retry", 0, tokio_retry);
+    answers!(group, &rt, "bare call", answer_bare);
+    answers!(group, &rt, "#[retry]", answer_retry);
+    answers!(group, &rt, "#[retry] + breaker", answer_breaker);
+    answers!(group, &rt, "Policy::run", answer_policy_run);
+    answers!(group, &rt, "backon", answer_backon);
+    answers!(group, &rt, "tokio-retry", answer_tokio_retry);
     group.finish();
 
     let mut group = c.benchmark_group("retry_fail3_then_succeed");

@@ -16,7 +16,7 @@
 //! the transfer and the result's write could run it again. The transactional form needs Postgres.
 
 use jobguard::PgStore;
-use jobguard::idempotent::Idempotent;
+use jobguard::idempotency::Idempotent;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::collections::BTreeMap;

@@ -96,7 +96,7 @@ async fn each_letter_is_an_error_event_with_its_fields_and_is_kept() {
     let (message, fields) = &errors[0];
     assert_eq!(message, "dead letter");
     let field = |name: &str| fields.get(name).map(String::as_str);
-    assert_eq!(field("job"), Some("dead_letter_log::charge"));
+    assert_eq!(field("job"), Some("tests.charge"));
     assert_eq!(field("key"), Some("order-B"));
     assert_eq!(field("reason"), Some("exhausted"));
     assert_eq!(field("attempts"), Some("2"));
@@ -142,7 +142,7 @@ fn without_a_subscriber_the_default_sink_writes_to_stderr() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(
-            "jobguard: dead letter: job dead_letter_log::charge key order-B gave up (exhausted) \
+            "jobguard: dead letter: job tests.charge key order-B gave up (exhausted) \
              after 2 attempt(s): gateway timeout on order-B"
         ),
         "{stderr}"

@@ -98,7 +98,7 @@ async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
         .collect();
     assert_eq!(keys, ["order-B", "order-C"], "oldest first");
     let (id, first) = &listed[0];
-    assert_eq!(first.job, "dead_letter_redis::charge");
+    assert_eq!(first.job, "tests.redis_dead_letters");
     assert_eq!((first.reason, first.attempts), (GiveUp::Exhausted, 3));
     assert_eq!(first.error, "gateway timeout on order-B");
     assert_eq!(first.history, ["gateway timeout on order-B"; 3]);
@@ -109,7 +109,7 @@ async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
 
     // Another connection (another worker, or the process after a restart) sees the same letters.
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let again = RedisDeadLetters::new(store.manager(), STREAM);
+    let again = RedisDeadLetters::new(store.connection(), STREAM);
     assert_eq!(again.list().await.unwrap(), listed);
 }
 
@@ -237,7 +237,7 @@ async fn a_corrupt_entry_is_an_error_naming_it_never_a_panic() {
         return;
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
-    let letters = RedisDeadLetters::new(store.manager(), STREAM);
+    let letters = RedisDeadLetters::new(store.connection(), STREAM);
     let good = letters.add(&letter(1)).await.unwrap();
     let v2 = jobguard::dead_letter::redis::encode(&letter(2)).replacen(r#""v":1"#, r#""v":2"#, 1);
     let bad_entries: [&[&str]; 5] = [
@@ -252,7 +252,7 @@ async fn a_corrupt_entry_is_an_error_naming_it_never_a_panic() {
             .arg(STREAM)
             .arg("*")
             .arg(fields)
-            .query_async(&mut store.manager())
+            .query_async(&mut store.connection())
             .await
             .unwrap();
         let got = letters.get(&id).await;

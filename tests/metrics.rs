@@ -126,11 +126,11 @@ fn assert_rendered(rendered: &str) {
     }
     let samples = samples(rendered);
     let expected = BTreeMap::from([
-        (r#"jobguard_attempts_total{job="metrics::charge"}"#, "8"),
+        (r#"jobguard_attempts_total{job="payments.charge"}"#, "8"),
         (r#"jobguard_attempts_total{job="metrics::decline"}"#, "1"),
-        (r#"jobguard_retries_total{job="metrics::charge"}"#, "6"),
+        (r#"jobguard_retries_total{job="payments.charge"}"#, "6"),
         (
-            r#"jobguard_dead_lettered_total{job="metrics::charge",reason="exhausted"}"#,
+            r#"jobguard_dead_lettered_total{job="payments.charge",reason="exhausted"}"#,
             "1",
         ),
         (

@@ -2,9 +2,7 @@
 //! caller's transaction through the attribute, for both parameter types, and with `#[retry]`
 //! each attempt in a savepoint that a failed one rolls back.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use jobguard::{PgStore, Transient, Verdict};
 use postgres::PgServer;

@@ -1,11 +1,9 @@
 //! Postgres going away: stopped before or while a job runs, the job fails closed with
 //! `Error::Store` and leaves no effect; restarted, the same store and pool work again.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
-use jobguard::idempotent::Idempotent;
+use jobguard::idempotency::Idempotent;
 use jobguard::store::postgres::PgStore;
 use jobguard::{Claim, Error, Store, StoreKey};
 use postgres::PgServer;

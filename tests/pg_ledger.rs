@@ -4,9 +4,7 @@
 #[path = "../examples/ledger.rs"]
 #[allow(dead_code)]
 mod ledger;
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use postgres::PgServer;
 use std::collections::BTreeMap;

@@ -6,9 +6,7 @@
 //! Where a lease must lapse it is short (300 ms), and the tests poll the database with a
 //! deadline rather than sleep for a guessed time.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
 use jobguard::{Claim, Error, Store, StoreKey};

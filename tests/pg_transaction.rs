@@ -3,9 +3,7 @@
 //! the key's row, 200 keys delivered 8 times each from 4 processes, a worker killed between its
 //! effect and its commit, and a deadlock retried in a savepoint.
 
-#[path = "../testkit/src/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
 use jobguard::{Claim, Policy, Store, StoreKey, Transient, Verdict};

@@ -56,7 +56,7 @@ async fn an_acl_user_limited_to_jobguard_keys_runs_the_store() {
     let admin = RedisStore::connect(&server.url()).await.unwrap();
     let _: () = redis::cmd("ACL")
         .arg(&["SETUSER", "jobs", "on", ">jobs-pw", "~jobguard:*", "+@all"])
-        .query_async(&mut admin.manager())
+        .query_async(&mut admin.connection())
         .await
         .unwrap();
     let url = format!("redis://jobs:jobs-pw@127.0.0.1:{}/", server.port());
@@ -72,7 +72,7 @@ async fn an_acl_user_limited_to_jobguard_keys_runs_the_store() {
     // The user really is limited: a key outside the store's prefix is refused.
     let outside: redis::RedisResult<()> = redis::cmd("SET")
         .arg(&["elsewhere", "x"])
-        .query_async(&mut store.manager())
+        .query_async(&mut store.connection())
         .await;
     assert!(outside.is_err());
     fails_to_authenticate(&format!("redis://jobs:nope@127.0.0.1:{}/", server.port())).await;

@@ -130,7 +130,7 @@ async fn a_sigkilled_worker_blocks_its_key_for_one_lease_and_not_before() {
     let measured_at = Instant::now();
     let left: i64 = redis::cmd("PTTL")
         .arg(RedisStore::redis_key(k))
-        .query_async(&mut store.manager())
+        .query_async(&mut store.connection())
         .await
         .unwrap();
     assert!(

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The job label of the example's charge job: its module path and name.
-const JOB: &str = concat!(module_path!(), "::example::charge");
+/// The job label of the scenario's charge job: its pinned idempotency scope, its one name.
+const JOB: &str = "payments.charge";
 
 /// One HTTP/1.1 request; returns the status code, the head (status line and headers) and the
 /// body.

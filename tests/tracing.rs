@@ -178,7 +178,7 @@ async fn each_call_runs_in_one_span_with_job_key_and_the_current_attempt() {
         let span = event
             .job_span()
             .expect("the body runs inside the job's span");
-        assert_eq!(span["job"], "tracing::charge");
+        assert_eq!(span["job"], "tests.charge");
         assert_eq!(span["key"], "order-A");
         assert_eq!(
             span["attempt"],
@@ -211,7 +211,7 @@ async fn a_retry_is_an_info_event_in_the_span_with_the_delay_and_the_error() {
         let span = retry.job_span().expect("in the job's span");
         assert_eq!(
             (span["job"].as_str(), span["key"].as_str()),
-            ("tracing::charge", "order-R")
+            ("tests.charge", "order-R")
         );
         assert_eq!(span["attempt"], n);
     }
@@ -238,7 +238,7 @@ async fn a_give_up_is_a_warning_in_the_span_with_reason_attempts_and_error() {
     let span = exhausted.job_span().expect("in the job's span");
     assert_eq!(
         (span["job"].as_str(), span["key"].as_str()),
-        ("tracing::charge", "order-B")
+        ("tests.charge", "order-B")
     );
 
     let permanent = &gave_up[1];

@@ -116,6 +116,8 @@ pub(crate) struct RetryArgs {
     pub cap: Option<DurationArg>,
     pub jitter: Option<Ident>,
     pub on: Option<On>,
+    pub on_ok: Option<Expr>,
+    pub name: Option<LitStr>,
     pub budget: Option<DurationArg>,
     pub timeout: Option<DurationArg>,
     pub breaker: Option<Expr>,
@@ -123,20 +125,6 @@ pub(crate) struct RetryArgs {
     pub payload: Option<Expr>,
     pub krate: Option<Path>,
 }
-
-pub(crate) const RETRY_KEYS: &[&str] = &[
-    "attempts",
-    "base",
-    "cap",
-    "jitter",
-    "on",
-    "budget",
-    "timeout",
-    "breaker",
-    "dead_letter",
-    "payload",
-    "crate",
-];
 
 pub(crate) const JITTERS: &[&str] = &["none", "full", "equal", "decorrelated"];
 
@@ -156,22 +144,9 @@ pub(crate) struct IdempotentArgs {
     pub fingerprint: Option<Expr>,
     pub store: Option<Expr>,
     pub in_progress: Option<InProgress>,
-    /// `transaction = tx`: the parameter holding the caller's Postgres transaction.
     pub transaction: Option<Expr>,
     pub krate: Option<Path>,
 }
-
-pub(crate) const IDEMPOTENT_KEYS: &[&str] = &[
-    "key",
-    "ttl",
-    "lease",
-    "scope",
-    "fingerprint",
-    "store",
-    "in_progress",
-    "transaction",
-    "crate",
-];
 
 /// Stores `value` in `slot`, or reports the key given twice.
 fn once<T>(slot: &mut Option<T>, key: &str, span: Span, value: Option<T>, errors: &mut Errors) {
@@ -277,59 +252,92 @@ fn crate_path(expr: Expr, errors: &mut Errors) -> Option<Path> {
     }
 }
 
+/// One argument of an attribute: its name, and how its value is checked and stored.
+pub(crate) struct Key<A> {
+    pub name: &'static str,
+    set: fn(&mut A, Span, Expr, &mut Errors),
+}
+
+/// A table entry for `$name = ...`: `$parse(key, expr, errors)` checks the value, and the result
+/// goes into `args.$field` once.
+macro_rules! key {
+    ($name:literal => $field:ident, $parse:expr) => {
+        Key {
+            name: $name,
+            set: |args, span, expr, errors| {
+                let value = $parse($name, expr, errors);
+                once(&mut args.$field, $name, span, value, errors)
+            },
+        }
+    };
+}
+
+/// Any expression, taken as it is.
+fn expr(_: &str, expr: Expr, _: &mut Errors) -> Option<Expr> {
+    Some(expr)
+}
+
+/// `#[retry(...)]`'s arguments, in the order the docs list them.
+pub(crate) const RETRY: &[Key<RetryArgs>] = &[
+    key!("attempts" => attempts, |_, e, errors| attempts(e, errors)),
+    key!("base" => base, DurationArg::parse),
+    key!("cap" => cap, DurationArg::parse),
+    key!("jitter" => jitter, |_, e, errors| jitter(e, errors)),
+    key!("on" => on, |_, e, errors| on(e, errors)),
+    key!("on_ok" => on_ok, |_, e, errors| on_ok(e, errors)),
+    key!("budget" => budget, DurationArg::parse),
+    key!("timeout" => timeout, DurationArg::parse),
+    key!("breaker" => breaker, expr),
+    key!("dead_letter" => dead_letter, expr),
+    key!("payload" => payload, expr),
+    key!("name" => name, |_, e, errors| name(e, errors)),
+    key!("crate" => krate, |_, e, errors| crate_path(e, errors)),
+];
+
+/// `#[idempotent(...)]`'s arguments, in the order the docs list them.
+pub(crate) const IDEMPOTENT: &[Key<IdempotentArgs>] = &[
+    key!("key" => key, expr),
+    key!("ttl" => ttl, DurationArg::parse),
+    key!("lease" => lease, DurationArg::parse),
+    key!("scope" => scope, |_, e, errors| scope(e, errors)),
+    key!("fingerprint" => fingerprint, expr),
+    key!("store" => store, expr),
+    key!("in_progress" => in_progress, |_, e, errors| in_progress(e, errors)),
+    key!("transaction" => transaction, expr),
+    key!("crate" => krate, |_, e, errors| crate_path(e, errors)),
+];
+
+/// The names of `keys`, for messages.
+pub(crate) fn names<A>(keys: &[Key<A>]) -> Vec<&'static str> {
+    keys.iter().map(|k| k.name).collect()
+}
+
 /// Parses `#[retry(...)]`'s arguments.
 pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
-    let mut args = RetryArgs::default();
+    parse(tokens, "retry", RETRY, errors)
+}
+
+/// Parses `#[idempotent(...)]`'s arguments.
+pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> IdempotentArgs {
+    parse(tokens, "idempotent", IDEMPOTENT, errors)
+}
+
+/// The one parser: `key = value` pairs from `keys`, each at most once; an unknown key is named
+/// with every valid one and the nearest.
+fn parse<A: Default>(tokens: TokenStream, what: &str, keys: &[Key<A>], errors: &mut Errors) -> A {
+    let mut args = A::default();
     let parser = syn::meta::parser(|meta| {
         let key = key_name(&meta);
         let span = meta.path.span();
-        if !RETRY_KEYS.contains(&key.as_str()) {
-            unknown(&key, span, RETRY_KEYS, "retry", errors);
+        let Some(entry) = keys.iter().find(|k| k.name == key) else {
+            unknown(&key, span, &names(keys), what, errors);
             if meta.input.peek(syn::Token![=]) {
                 let _: Expr = meta.value()?.parse()?;
             }
             return Ok(());
-        }
-        let Some(expr) = value(&meta, &key, errors)? else {
-            return Ok(());
         };
-        match key.as_str() {
-            "attempts" => {
-                let v = attempts(expr, errors);
-                once(&mut args.attempts, &key, span, v, errors)
-            }
-            "base" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.base, &key, span, v, errors)
-            }
-            "cap" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.cap, &key, span, v, errors)
-            }
-            "budget" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.budget, &key, span, v, errors)
-            }
-            "timeout" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.timeout, &key, span, v, errors)
-            }
-            "jitter" => {
-                let v = jitter(expr, errors);
-                once(&mut args.jitter, &key, span, v, errors)
-            }
-            "on" => {
-                let v = on(expr, errors);
-                once(&mut args.on, &key, span, v, errors)
-            }
-            "breaker" => once(&mut args.breaker, &key, span, Some(expr), errors),
-            "dead_letter" => once(&mut args.dead_letter, &key, span, Some(expr), errors),
-            "payload" => once(&mut args.payload, &key, span, Some(expr), errors),
-            "crate" => {
-                let v = crate_path(expr, errors);
-                once(&mut args.krate, &key, span, v, errors)
-            }
-            _ => unreachable!("every key in RETRY_KEYS is handled"),
+        if let Some(value) = value(&meta, &key, errors)? {
+            (entry.set)(&mut args, span, value, errors);
         }
         Ok(())
     });
@@ -437,55 +445,33 @@ fn on(expr: Expr, errors: &mut Errors) -> Option<On> {
     }
 }
 
-/// Parses `#[idempotent(...)]`'s arguments.
-pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> IdempotentArgs {
-    let mut args = IdempotentArgs::default();
-    let parser = syn::meta::parser(|meta| {
-        let key = key_name(&meta);
-        let span = meta.path.span();
-        if !IDEMPOTENT_KEYS.contains(&key.as_str()) {
-            unknown(&key, span, IDEMPOTENT_KEYS, "idempotent", errors);
-            if meta.input.peek(syn::Token![=]) {
-                let _: Expr = meta.value()?.parse()?;
-            }
-            return Ok(());
+fn on_ok(expr: Expr, errors: &mut Errors) -> Option<Expr> {
+    match &expr {
+        Expr::Lit(lit) => {
+            errors.at(
+                lit.span(),
+                "`on_ok` takes the path of a function `fn(&T) -> Verdict` (or `-> bool`) over the `Ok` value, such as `on_ok = unavailable`",
+            );
+            None
         }
-        let Some(expr) = value(&meta, &key, errors)? else {
-            return Ok(());
-        };
-        match key.as_str() {
-            "key" => once(&mut args.key, &key, span, Some(expr), errors),
-            "ttl" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.ttl, &key, span, v, errors)
-            }
-            "lease" => {
-                let v = DurationArg::parse(&key, expr, errors);
-                once(&mut args.lease, &key, span, v, errors)
-            }
-            "scope" => {
-                let v = scope(expr, errors);
-                once(&mut args.scope, &key, span, v, errors)
-            }
-            "fingerprint" => once(&mut args.fingerprint, &key, span, Some(expr), errors),
-            "store" => once(&mut args.store, &key, span, Some(expr), errors),
-            "transaction" => once(&mut args.transaction, &key, span, Some(expr), errors),
-            "in_progress" => {
-                let v = in_progress(expr, errors);
-                once(&mut args.in_progress, &key, span, v, errors)
-            }
-            "crate" => {
-                let v = crate_path(expr, errors);
-                once(&mut args.krate, &key, span, v, errors)
-            }
-            _ => unreachable!("every key in IDEMPOTENT_KEYS is handled"),
-        }
-        Ok(())
-    });
-    if let Err(e) = parser.parse2(tokens) {
-        errors.push(e);
+        _ => Some(expr),
     }
-    args
+}
+
+/// `name = "..."`: the job's one name; checked like a `scope`, which it becomes.
+fn name(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
+    match &expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(_), ..
+        }) => scope(expr, errors),
+        other => {
+            errors.at(
+                other.span(),
+                "`name` takes a string literal, such as `name = \"payments.charge\"`",
+            );
+            None
+        }
+    }
 }
 
 fn scope(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
@@ -606,10 +592,11 @@ mod tests {
 
     #[test]
     fn nearest_names() {
-        assert_eq!(nearest("attemps", RETRY_KEYS), Some("attempts"));
-        assert_eq!(nearest("jiter", RETRY_KEYS), Some("jitter"));
-        assert_eq!(nearest("deadletter", RETRY_KEYS), Some("dead_letter"));
-        assert_eq!(nearest("zzzzzz", RETRY_KEYS), None);
+        let keys = names(RETRY);
+        assert_eq!(nearest("attemps", &keys), Some("attempts"));
+        assert_eq!(nearest("jiter", &keys), Some("jitter"));
+        assert_eq!(nearest("deadletter", &keys), Some("dead_letter"));
+        assert_eq!(nearest("zzzzzz", &keys), None);
         assert_eq!(nearest("ful", JITTERS), Some("full"));
     }
 }

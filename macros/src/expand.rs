@@ -30,6 +30,10 @@ impl Kind {
 /// On any error the function is emitted unchanged beside every error found, so one mistake does
 /// not cascade.
 pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    if is_expanded_marker(&args) {
+        // Re-emitted by its sibling, which expanded both: nothing left to do.
+        return item;
+    }
     let mut errors = Errors::default();
     let mut func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
@@ -55,6 +59,7 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         Kind::Retry => retry = Some(args::retry(args, &mut errors)),
         Kind::Idempotent => idempotent = Some(args::idempotent(args, &mut errors)),
     }
+    let mut taken = None;
     let mut kept = Vec::with_capacity(func.attrs.len());
     for attr in std::mem::take(&mut func.attrs) {
         match sibling(&attr) {
@@ -67,7 +72,8 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
                 ),
             )),
             Some(Kind::Retry) => {
-                retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors))
+                retry = Some(args::retry(attr_args(&attr, &mut errors), &mut errors));
+                taken = Some(attr.path().clone());
             }
             Some(Kind::Idempotent) if idempotent.is_some() => errors.push(syn::Error::new_spanned(
                 // The whole attribute, not only its `#`: stable Rust cannot join spans.
@@ -80,6 +86,7 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
             Some(Kind::Idempotent) => {
                 idempotent_span = attr.span();
                 idempotent = Some(args::idempotent(attr_args(&attr, &mut errors), &mut errors));
+                taken = Some(attr.path().clone());
             }
             None => kept.push(attr),
         }
@@ -93,11 +100,29 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
     if let Some(i) = &idempotent {
         validate::idempotent(&func, i, idempotent_span, &mut errors);
     }
+    if let (Some(r), Some(i)) = (&retry, &idempotent) {
+        validate::one_name(r, i, &mut errors);
+    }
+    // The sibling, already expanded here, is written back with a marker that makes it return
+    // the function as it is: its path stays in the code, so its import counts as used.
+    if let Some(path) = taken {
+        func.attrs
+            .push(syn::parse_quote!(#[#path(__jobguard_expanded)]));
+    }
     if !errors.is_empty() {
         let errors = errors.into_compile_error();
         return quote!(#func #errors);
     }
     expand(func, retry.as_ref(), idempotent.as_ref())
+}
+
+/// The argument a sibling is written back with once it has been expanded.
+fn is_expanded_marker(args: &TokenStream) -> bool {
+    let mut tokens = args.clone().into_iter();
+    matches!(
+        (tokens.next(), tokens.next()),
+        (Some(proc_macro2::TokenTree::Ident(i)), None) if i == "__jobguard_expanded"
+    )
 }
 
 /// `#[retry]`, `#[jobguard::retry]`, `#[idempotent]`, `#[jobguard::idempotent]` (or under a
@@ -176,8 +201,18 @@ fn expand(
     let ReturnType::Type(_, ret) = &sig.output else {
         unreachable!("validated: returns Result")
     };
-    let name = format!("::{}", sig.ident.unraw());
-    let job = quote!(::core::concat!(::core::module_path!(), #name));
+    // One name per job, used by metrics, tracing, events, dead letters and the store: the
+    // pinned `scope` or `name`, else the function's module path and name.
+    let job = match (
+        retry.and_then(|r| r.name.as_ref()),
+        idempotent.and_then(|i| i.scope.as_ref()),
+    ) {
+        (_, Some(pinned)) | (Some(pinned), None) => quote!(#pinned),
+        (None, None) => {
+            let name = format!("::{}", sig.ident.unraw());
+            quote!(::core::concat!(::core::module_path!(), #name))
+        }
+    };
     let body = attempt_block(&block, ret);
 
     let outer = match (retry, idempotent) {
@@ -364,14 +399,23 @@ fn retry_loop(
             quote_spanned!(span=> #krate::__private::transient)
         }
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
-        Some(On::Classifier(f)) => quote!(#f),
+        // Through a closure, so that a classifier of the wrong type is one error, on its path,
+        // and the round the loop awaits is well-typed whatever the path names.
+        Some(On::Classifier(f)) => quote_spanned! {f.span()=>
+            |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
+        },
     };
     // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
     // reported once, there, rather than once there and again on the whole attribute.
+    let on_ok = r.on_ok.as_ref().map(|k| {
+        quote_spanned! {k.span()=>
+            .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
+        }
+    });
     let call = if guarded {
-        quote_spanned!(ret.span()=> __jobguard_retry.#method(#body, #classify).await)
+        quote_spanned!(ret.span()=> __jobguard_retry.#method(#body, #classify) #on_ok .await)
     } else {
-        quote!(__jobguard_retry.#method(#body, #classify).await)
+        quote!(__jobguard_retry.#method(#body, #classify) #on_ok .await)
     };
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
@@ -395,14 +439,10 @@ fn idempotent_call(
     work: TokenStream,
 ) -> TokenStream {
     let key = i.key.as_ref().expect("validated: key is present");
-    let scope = match &i.scope {
-        Some(s) => quote!(#s),
-        None => job.clone(),
-    };
     if let Some(tx) = &i.transaction {
-        return transaction_call(i, krate, scope, ret, tx, work);
+        return transaction_call(i, krate, job.clone(), ret, tx, work);
     }
-    let mut call = quote!(#krate::__private::Idempotent::new(#scope, &__jobguard_key));
+    let mut call = quote!(#krate::__private::Idempotent::new(#job, &__jobguard_key));
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
         call.extend(quote!(.ttl(#d)));

@@ -130,6 +130,18 @@ pub(crate) fn retry(args: &RetryArgs, errors: &mut Errors) {
     }
 }
 
+/// A job has one name: `#[retry(name = ...)]` and `#[idempotent(scope = ...)]` together would
+/// give it two.
+pub(crate) fn one_name(retry: &RetryArgs, idempotent: &IdempotentArgs, errors: &mut Errors) {
+    if let (Some(name), Some(_)) = (&retry.name, &idempotent.scope) {
+        errors.at(
+            name.span(),
+            "the job is named by `#[idempotent(scope = ...)]` already; one name serves metrics, \
+             tracing, dead letters and the store, so leave out `name`",
+        );
+    }
+}
+
 /// `key` is required, and the variable it starts from (`order_id`, `order.id`, `self.id`) must
 /// be a parameter; `ttl` and `lease`, when literals, are not zero.
 pub(crate) fn idempotent(

@@ -108,49 +108,21 @@
 //! apalis's in-process retries is a delivery with its own number. The recommended configuration
 //! has no apalis retry at all: `#[retry]` handles the blips a few seconds of backoff can ride out,
 //! inside one claim, and the broker's redeliveries handle crashes and outages longer than that.
-pub use self::scope::Delivery;
+pub use crate::Delivery;
 
 use apalis_core::task::Task;
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::task::futures::TaskLocalFuture;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The delivery in scope, and the call that puts one in scope.
-mod scope {
-    /// One delivery of a job by the runner: which one it is, and whether the runner will deliver
-    /// the job again if this one fails.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub struct Delivery {
-        /// 1 for the first delivery, counted by the runner.
-        pub number: u32,
-        /// No further delivery follows if this one fails: a give-up here is final.
-        pub last: bool,
-    }
-
-    tokio::task_local! {
-        static DELIVERY: Delivery;
-    }
-
-    impl Delivery {
-        /// Runs `fut` with this delivery in scope.
-        pub(super) fn scope<F: Future>(
-            self,
-            fut: F,
-        ) -> tokio::task::futures::TaskLocalFuture<Delivery, F> {
-            DELIVERY.scope(self, fut)
-        }
-
-        /// The delivery in scope, or `None` outside a job that a [`GuardLayer`](super::GuardLayer)
-        /// runs.
-        pub fn current() -> Option<Delivery> {
-            DELIVERY.try_with(|d| *d).ok()
-        }
-    }
-}
+/// The future of a [`GuardService`]: the handler's, with its delivery in scope.
+pub type GuardFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 /// A tower [`Layer`] for apalis's `WorkerBuilder::layer` that puts each task's [`Delivery`] in
-/// scope for its handler. See the [module docs](self) for a worker.
+/// scope for its handler ([`Delivery::scope`]): `jobguard::attempt()` inside the handler carries
+/// it. See the [module docs](self) for a worker.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GuardLayer {
     deliveries: Option<u32>,
@@ -208,10 +180,11 @@ pub struct GuardService<S> {
 impl<S, Args> Service<Task<Args>> for GuardService<S>
 where
     S: Service<Task<Args>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = TaskLocalFuture<Delivery, S::Future>;
+    type Future = GuardFuture<S::Response, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -219,7 +192,7 @@ where
 
     fn call(&mut self, task: Task<Args>) -> Self::Future {
         let delivery = self.layer.delivery(&task);
-        delivery.scope(self.inner.call(task))
+        Box::pin(delivery.scope(self.inner.call(task)))
     }
 }
 

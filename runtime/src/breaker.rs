@@ -24,42 +24,10 @@
 //! [`tokio::time`], so tests drive the cooldown with a paused clock.
 
 use crate::observe::Event;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// The state of a [`CircuitBreaker`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BreakerState {
-    /// Calls go through; failures are counted.
-    Closed,
-    /// Calls fail fast with [`Error::CircuitOpen`](crate::Error::CircuitOpen) until the cooldown ends.
-    Open,
-    /// The cooldown ended: a bounded number of probes go through; the rest fail fast.
-    HalfOpen,
-}
-
-impl BreakerState {
-    /// The state as a short lowercase label (`closed`, `open`, `half_open`), as used in metrics
-    /// and logs.
-    ///
-    /// ```
-    /// assert_eq!(jobguard::BreakerState::HalfOpen.as_str(), "half_open");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-        }
-    }
-}
-
-impl fmt::Display for BreakerState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::record::BreakerState;
 
 /// The largest sliding window a [`CircuitBreaker::failure_rate`] breaker keeps: 63 calls, one bit
 /// each in a single atomic word. A larger window is clamped to this.

@@ -27,23 +27,57 @@
 //!
 //! The attributes expand into a few calls on this crate; all logic lives here, where it is
 //! tested. See the README for the "equivalent code without the attribute".
+//!
+//! # Modules, and what each may import
+//!
+//! Imports flow one way, from the top of this list to the bottom; no module imports one above
+//! it, so there is no circle. (`std`, `tokio` and the other dependencies are free.)
+//!
+//! - `__private` (hidden): what expansions call. Re-exports only; nothing in the crate calls it.
+//! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
+//!   below except `idempotency` and `store`.
+//! - [`idempotency`]: claim, run, store, replay. May import `runtime`, `store`, `observe`,
+//!   `attempt`, `bounds`, `error`.
+//! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),
+//!   `observe`, `record`.
+//! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
+//!   `observe`.
+//! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
+//!   import `observe`, `record`, `classify`, `error`; the Redis sink shares the Redis store's
+//!   connection settings and its one TLS crypto-provider installer.
+//! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
+//!   views. May import `record`, `classify`.
+//! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
+//!   import `classify`, `error`.
+//! - `attempt`: [`attempt()`] and [`Delivery`]. Imports nothing of the crate.
+//! - [`policy`]: may import `jitter`.
+//! - `record`: [`GiveUp`], [`DeadLetter`], [`BreakerState`]: plain data. May import `error`.
+//! - [`classify`]: may import `error`.
+//! - [`jitter`], `error`: import nothing of the crate.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "apalis")]
 pub mod apalis;
+mod attempt;
+mod bounds;
 pub mod breaker;
 pub mod classify;
 pub mod dead_letter;
 mod error;
-pub mod idempotent;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
+pub mod idempotency;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
+mod record;
 mod retry;
 pub mod runtime;
 pub mod store;
 
+pub use attempt::{Attempt, Delivery, attempt};
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use classify::{Transient, Verdict, http_verdict};
 #[cfg(feature = "redis")]
@@ -51,6 +85,7 @@ pub use dead_letter::redis::{RedisDeadLetters, RedriveError};
 pub use dead_letter::{DeadLetter, DeadLetterSink, GiveUp, LogDeadLetters, MemoryDeadLetters};
 pub use dead_letter::{FnDeadLetters, from_fn};
 pub use error::Error;
+pub use idempotency::Idempotent;
 pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
@@ -90,8 +125,12 @@ pub use jobguard_macros::Transient;
 ///
 /// Arguments (all optional, any order): `attempts`, `base`, `cap`, `jitter`
 /// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
-/// `budget`, `timeout`, `breaker`, `dead_letter`, `payload` (the arguments a dead letter carries
-/// for a redrive: `payload = (order_id, amount)`), `crate`. The README's table gives each one.
+/// `on_ok` (a path to `fn(&T) -> Verdict` or `-> bool`: an `Ok` value it flags is retried, and
+/// the last one returned when the attempts run out), `budget`, `timeout`, `breaker`,
+/// `dead_letter`, `payload` (the arguments a dead letter carries for a redrive:
+/// `payload = (order_id, amount)`), `name` (the job's one name in metrics, tracing, events and
+/// dead letters; default: the function's module path and name), `crate`. The README's table
+/// gives each one. Inside the body, [`attempt()`] tells which attempt is running.
 ///
 /// `return` and `?` in the body end one attempt, not the whole call; the body runs again on a
 /// retry, so it must not move a parameter it needs next time (clone it inside). The future is
@@ -111,7 +150,8 @@ pub use jobguard_macros::Transient;
 /// # }
 /// ```
 ///
-/// The expansion itself is one inline loop over the runtime's `Retry` state: see the README.
+/// The expansion itself is one inline loop over the runtime's retry engine (one `Round` future
+/// per attempt): see the README, whose copy is generated from the expansion snapshots.
 #[cfg(feature = "macros")]
 #[doc(inline)]
 pub use jobguard_macros::retry;
@@ -143,8 +183,8 @@ pub use jobguard_macros::retry;
 /// `format!("{tenant}:{id}")`, `self.id`); its `Display` form is the stored key.
 ///
 /// Arguments: `key` (required), `scope`, `ttl`, `lease`, `fingerprint`, `store`,
-/// `in_progress = fail | wait("10s")`, `transaction` (feature `postgres`), `crate`. Written with `#[retry]`, in either order, the key
-/// is checked once and the retry loop runs inside the claim.
+/// `in_progress = fail | wait("10s")`, `transaction` (feature `postgres`), `crate`. Written
+/// with `#[retry]`, in either order, the key is checked once and the retry loop runs inside the claim.
 ///
 /// `transaction = tx` names a parameter of type `&mut sqlx::PgConnection` or
 /// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with
@@ -159,7 +199,7 @@ pub use jobguard_macros::retry;
 /// # Equivalent code without the attribute
 ///
 /// ```
-/// # use jobguard::idempotent::Idempotent;
+/// # use jobguard::idempotency::Idempotent;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let order_id = "order-A";
@@ -173,125 +213,18 @@ pub use jobguard_macros::retry;
 #[doc(inline)]
 pub use jobguard_macros::idempotent;
 
-/// What expanded attributes call. Not public API: it changes without notice.
+/// What expanded attributes call. Not public API: it changes without notice. Nothing in this
+/// crate calls it; every item lives in its own module.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::idempotent::Idempotent;
+    pub use crate::bounds::*;
+    pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::Retry;
+    pub use crate::retry::{OkClassifier, Payload, Retry};
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, savepoint};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
     #[cfg(feature = "postgres")]
     pub use sqlx::PgConnection;
-
-    use crate::{Transient, Verdict};
-
-    /// `on = transient`: the error's own verdict.
-    #[inline]
-    pub fn transient<E: Transient>(error: &E) -> Verdict {
-        error.verdict()
-    }
-
-    /// `#[transient(after = field)]`: the field's `Duration`, or the curve when it is `None`.
-    #[inline]
-    pub fn after<D: RetryAfter + ?Sized>(field: &D) -> Verdict {
-        match field.retry_after() {
-            Some(d) => Verdict::RetryAfter(d),
-            None => Verdict::Retry,
-        }
-    }
-
-    /// A field that `#[transient(after = field)]` can read.
-    #[diagnostic::on_unimplemented(
-        message = "`#[transient(after = ...)]` needs a `Duration` or `Option<Duration>` field, not `{Self}`"
-    )]
-    pub trait RetryAfter {
-        /// The wait the field asks for.
-        fn retry_after(&self) -> Option<Duration>;
-    }
-    impl RetryAfter for Duration {
-        fn retry_after(&self) -> Option<Duration> {
-            Some(*self)
-        }
-    }
-    impl RetryAfter for Option<Duration> {
-        fn retry_after(&self) -> Option<Duration> {
-            *self
-        }
-    }
-
-    /// `on = all`: every failure is retried.
-    #[inline]
-    pub fn all<E>(_: &E) -> Verdict {
-        Verdict::Retry
-    }
-
-    /// The stored form of an idempotency key: its `Display`.
-    #[inline]
-    pub fn key<K: Key + ?Sized>(key: &K) -> String {
-        key.to_string()
-    }
-
-    /// Names the bound that `#[idempotent(key = ...)]` needs of the key, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be an idempotency key",
-        label = "`key` is stored in its `Display` form, and `{Self}` does not implement `Display`",
-        note = "key by a field or a string built from the parameters (`key = order.id`, `key = format!(\"{{tenant}}:{{id}}\")`), or implement `std::fmt::Display` for `{Self}`"
-    )]
-    pub trait Key: core::fmt::Display {}
-    #[diagnostic::do_not_recommend]
-    impl<K: core::fmt::Display + ?Sized> Key for K {}
-
-    /// Names the bound that `#[idempotent(fingerprint = ...)]` needs, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be fingerprinted",
-        label = "`fingerprint` is hashed from its serde JSON form, so it needs `serde::Serialize`",
-        note = "fingerprint the parameters that define the request, such as `fingerprint = (amount, currency)`, and derive `serde::Serialize` for their types"
-    )]
-    pub trait Fingerprint: serde::Serialize {}
-    #[diagnostic::do_not_recommend]
-    impl<T: serde::Serialize + ?Sized> Fingerprint for T {}
-
-    /// `fingerprint = EXPR`: a SHA-256 digest of the value's JSON form, stable across processes
-    /// and builds.
-    pub fn fingerprint<T: Fingerprint + ?Sized>(value: &T) -> String {
-        use sha2::{Digest, Sha256};
-        let bytes = serde_json::to_vec(value)
-            .unwrap_or_else(|e| format!("unserializable: {e}").into_bytes());
-        let digest = Sha256::digest(&bytes);
-        digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// Names the bound that `#[retry(payload = ...)]` needs of the arguments, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`#[retry(payload = ...)]` cannot carry `{Self}` in a dead letter",
-        label = "the payload is serialized with serde into the letter, so it needs `serde::Serialize + Sync`",
-        note = "derive `serde::Serialize` for the arguments' types, or leave out the ones that cannot be serialized"
-    )]
-    pub trait Payload: serde::Serialize + Sync {}
-    #[diagnostic::do_not_recommend]
-    impl<P: serde::Serialize + Sync + ?Sized> Payload for P {}
-
-    /// Names the bound that `#[idempotent]` needs of the `Ok` type, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot be stored for replay",
-        label = "`#[idempotent]` stores the `Ok` value, so it needs `serde::Serialize + serde::de::DeserializeOwned`",
-        note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
-    )]
-    pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
-    // `do_not_recommend`: a missing serde derive is one error in the words above, not one per
-    // serde trait in rustc's.
-    #[diagnostic::do_not_recommend]
-    impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
-
-    /// Names the bound that `timeout`, `budget` and `breaker` need, in words.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot carry jobguard's own errors",
-        label = "this error type needs `From<jobguard::Error>`",
-        note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add `impl From<jobguard::Error> for {Self}`, or a variant `#[transient(from)] Jobguard(#[from] jobguard::Error)`"
-    )]
-    pub trait FromJobguard: From<crate::Error> {}
-    impl<E: From<crate::Error>> FromJobguard for E {}
 }

@@ -1,6 +1,7 @@
 //! Observer hooks: every attempt, retry delay, give-up, replay and breaker transition.
 
-use crate::{DeadLetter, Verdict};
+use crate::classify::Verdict;
+use crate::record::{BreakerState, DeadLetter};
 use std::fmt;
 use std::time::Duration;
 
@@ -8,15 +9,51 @@ use std::time::Duration;
 /// raises its events without looking up the runtime in scope at all.
 static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// See [`OBSERVED`].
-#[inline]
-pub(crate) fn observed() -> bool {
-    OBSERVED.load(std::sync::atomic::Ordering::Relaxed)
+/// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Nothing: no observer was ever built and neither integration is compiled in. The call
+    /// builds no event.
+    Nobody,
+    /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
+    Integrations,
+    /// A runtime with an observer exists: events go through the runtime in scope.
+    Observers,
 }
 
-/// Notes that a runtime with an observer exists. Called before that runtime can run a job.
-pub(crate) fn note_observer() {
+/// Who sees the events of a call starting now.
+#[inline]
+pub(crate) fn watch() -> Watch {
+    if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
+        Watch::Observers
+    } else if cfg!(any(feature = "metrics", feature = "tracing")) {
+        Watch::Integrations
+    } else {
+        Watch::Nobody
+    }
+}
+
+/// How an event raised below the runtime (a store giving records up) reaches the observer of
+/// the runtime in scope: `runtime` hands this module the way when it notes an observer, so that
+/// `observe` and the stores need not import `runtime`.
+static TO_RUNTIME: std::sync::OnceLock<fn(&Event<'_>)> = std::sync::OnceLock::new();
+
+/// Notes that a runtime with an observer exists, and how to reach the runtime in scope with an
+/// event. Called before that runtime can run a job.
+pub(crate) fn note_observer(to_runtime: fn(&Event<'_>)) {
+    let _ = TO_RUNTIME.set(to_runtime);
     OBSERVED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Raises an event that no job call owns (a store's evictions): through the runtime in scope
+/// when a runtime with an observer exists, else to the `metrics` and `tracing` views alone.
+pub(crate) fn emit_unowned(event: &Event<'_>) {
+    match TO_RUNTIME.get() {
+        Some(to_runtime) if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) => {
+            to_runtime(event)
+        }
+        _ => record_job(event, None),
+    }
 }
 
 /// A job's name, with what observing it needs made once. `#[retry]` keeps one in a `static`
@@ -127,14 +164,27 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
+    /// A bounded store gave up completed records before their TTL to make room (the oldest
+    /// first): a redelivery of those jobs would run them again. Raised on the task whose store
+    /// operation made the room.
+    Evicted {
+        /// The store: `"memory"` for [`MemoryStore`](crate::MemoryStore).
+        store: &'a str,
+        /// Records given up by this operation.
+        records: u64,
+        /// How long ago the youngest of them completed.
+        youngest: Duration,
+        /// How long ago the oldest of them completed.
+        oldest: Duration,
+    },
     /// A circuit breaker changed state, raised on the task whose call caused it.
     Breaker {
         /// The breaker's [`name`](crate::CircuitBreaker::name).
         breaker: &'a str,
         /// The state it left.
-        from: crate::BreakerState,
+        from: BreakerState,
         /// The state it entered.
-        to: crate::BreakerState,
+        to: BreakerState,
     },
 }
 
@@ -186,6 +236,18 @@ impl fmt::Debug for Event<'_> {
             Event::Released { scope, key } => scoped(f, "Released", scope, key),
             Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key),
             Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key),
+            Event::Evicted {
+                store,
+                records,
+                youngest,
+                oldest,
+            } => f
+                .debug_struct("Evicted")
+                .field("store", &store)
+                .field("records", &records)
+                .field("youngest", &youngest)
+                .field("oldest", &oldest)
+                .finish(),
             Event::Breaker { breaker, from, to } => f
                 .debug_struct("Breaker")
                 .field("breaker", &breaker)
@@ -268,6 +330,17 @@ pub(crate) fn log_error(args: fmt::Arguments<'_>) {
     #[cfg(feature = "tracing")]
     if self::tracing::has_subscriber() {
         ::tracing::error!(target: "jobguard", "{args}");
+        return;
+    }
+    eprintln!("{args}");
+}
+
+/// Writes a warning to the log, as [`log_error`] does an error.
+#[cold]
+pub(crate) fn log_warn(args: fmt::Arguments<'_>) {
+    #[cfg(feature = "tracing")]
+    if self::tracing::has_subscriber() {
+        ::tracing::warn!(target: "jobguard", "{args}");
         return;
     }
     eprintln!("{args}");

@@ -4,7 +4,7 @@ use crate::Jitter;
 use std::time::Duration;
 
 /// A retry policy: attempts, the capped exponential curve, jitter, and the per-attempt `timeout`
-/// and total `budget`.
+/// and total `budget`. Each setter has a getter of the same name with `get_` before it.
 ///
 /// Built in `const` context, so a policy can live in a `const` or `static`:
 ///
@@ -91,24 +91,34 @@ impl Policy {
         self
     }
 
-    /// Total attempts, the first included.
-    pub const fn max_attempts(&self) -> u32 {
+    /// What [`attempts`](Self::attempts) set: total attempts, the first included.
+    pub const fn get_attempts(&self) -> u32 {
         self.attempts
     }
 
-    /// The configured jitter.
-    pub const fn jitter_kind(&self) -> Jitter {
+    /// What [`base`](Self::base) set: the delay before the first retry.
+    pub const fn get_base(&self) -> Duration {
+        self.base
+    }
+
+    /// What [`cap`](Self::cap) set: the longest delay before jitter.
+    pub const fn get_cap(&self) -> Duration {
+        self.cap
+    }
+
+    /// What [`jitter`](Self::jitter) set.
+    pub const fn get_jitter(&self) -> Jitter {
         self.jitter
     }
 
-    /// The configured per-attempt timeout.
-    pub const fn attempt_timeout(&self) -> Option<Duration> {
-        self.timeout
+    /// What [`budget`](Self::budget) set, if anything.
+    pub const fn get_budget(&self) -> Option<Duration> {
+        self.budget
     }
 
-    /// The configured total budget.
-    pub const fn total_budget(&self) -> Option<Duration> {
-        self.budget
+    /// What [`timeout`](Self::timeout) set, if anything.
+    pub const fn get_timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// The delay before retry `retry` (counting from 1) before jitter:
@@ -124,54 +134,6 @@ impl Policy {
             grown
         } else {
             self.cap
-        }
-    }
-
-    /// Runs `f` under this policy without any macro: the loop behind `#[retry]`.
-    ///
-    /// `f` is called with the attempt number (from 1). Failures are classified by
-    /// [`Transient`](crate::Transient); the give-up goes to the runtime's dead-letter sink, and
-    /// the last error is returned.
-    ///
-    /// ```
-    /// use jobguard::{Jitter, Policy};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let policy = Policy::new().attempts(3).jitter(Jitter::None);
-    /// let got = policy
-    ///     .run("fetch", async |attempt| {
-    ///         if attempt < 3 {
-    ///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
-    ///         } else {
-    ///             Ok(attempt)
-    ///         }
-    ///     })
-    ///     .await;
-    /// assert_eq!(got.unwrap(), 3);
-    /// # }
-    /// ```
-    pub async fn run<T, E, F>(&self, job: &str, mut f: F) -> Result<T, E>
-    where
-        F: AsyncFnMut(u32) -> Result<T, E>,
-        E: crate::Transient + From<crate::Error> + std::fmt::Display,
-    {
-        let mut retry = crate::retry::Retry::new(job, self);
-        // Without a time limit nothing can cut an attempt: the unguarded loop serves.
-        let guarded = self.timeout.is_some() || self.budget.is_some();
-        loop {
-            let attempt = retry.next_attempt();
-            let step = if guarded {
-                retry
-                    .attempt_guarded(f(attempt), crate::Transient::verdict)
-                    .await
-            } else {
-                retry.attempt(f(attempt), crate::Transient::verdict).await
-            };
-            if let core::ops::ControlFlow::Break(done) = step {
-                return done;
-            }
         }
     }
 }
@@ -196,6 +158,6 @@ mod tests {
 
     #[test]
     fn zero_attempts_is_one() {
-        assert_eq!(Policy::new().attempts(0).max_attempts(), 1);
+        assert_eq!(Policy::new().attempts(0).get_attempts(), 1);
     }
 }

@@ -1,26 +1,94 @@
-//! The retry loop: one attempt at a time, classified, delayed, given up on.
+//! The retry engine: one attempt at a time, classified, delayed, given up on.
 //!
-//! [`Retry`] is the state of one job call. `#[retry]` expands to a `loop` over
-//! [`Retry::attempt`] (or [`Retry::attempt_guarded`] with a breaker, timeout or budget), each
-//! call one attempt and what follows it; [`Policy::run`](crate::Policy::run) is the same loop for
-//! closures. The success path allocates nothing and takes no lock.
+//! [`Retry`] is what one call of a job keeps from one attempt to the next (the attempt count,
+//! the breaker permit, what a dead letter will need). [`Round`] is one turn of the loop: a
+//! future that admits an attempt, runs it, and then sleeps before the next one or gives up.
+//! `#[retry]` expands to a `loop` over [`Retry::attempt`] and [`Policy::run`] is the same loop
+//! for closures; both drive [`Round`].
+//!
+//! The loop stays in the caller because the body of each attempt borrows the caller's
+//! parameters (or the closure of [`Policy::run`]): a future that owned the loop would have to
+//! own both the closure and the attempt borrowing it.
+//!
+//! What to do after an outcome is [`decide`], a plain function over plain data. The success path
+//! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
+//! observes.
 
+use crate::attempt::{self, Running};
+use crate::bounds::FromJobguard;
 use crate::breaker::{CircuitBreaker, Permit};
-use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp, Payload, Trail};
-use crate::observe::{Event, Job};
+use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
+use crate::observe::{Event, Job, Watch};
 use crate::runtime::Current;
 use crate::{Error, Policy, Runtime, Verdict};
 use core::ops::ControlFlow;
 use rand::rngs::SmallRng;
-use std::fmt::Display;
+use std::collections::VecDeque;
+use std::fmt::{self, Display};
 use std::future::Future;
-use std::mem::ManuallyDrop;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
-/// The state of one call of a retried job.
+/// What follows an outcome that was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Wait this long, then make the next attempt.
+    RetryAfter(Duration),
+    /// Stop, and dead-letter the job for this reason.
+    GiveUp(GiveUp),
+}
+
+/// Where a failed outcome came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The job's body (an error, or an `Ok` value that `on_ok` asked to retry).
+    Body,
+    /// The per-attempt timeout cut the attempt.
+    Timeout,
+    /// The budget ran out while the attempt ran.
+    Budget,
+    /// The breaker refused the attempt.
+    CircuitOpen,
+}
+
+/// The policy in one function: after attempt `attempt` failed from `origin` with `verdict`,
+/// retry after how long, or give up why. `elapsed` is the time since the first attempt started,
+/// given when the policy has a budget (and the budget's end can be represented); `delay` draws
+/// the jittered curve's delay for this retry and is called only when the curve is needed.
+pub(crate) fn decide(
+    policy: &Policy,
+    attempt: u32,
+    origin: Origin,
+    verdict: Verdict,
+    elapsed: Option<Duration>,
+    delay: impl FnOnce() -> Duration,
+) -> Decision {
+    let reason = match origin {
+        Origin::CircuitOpen => Some(GiveUp::CircuitOpen),
+        Origin::Budget => Some(GiveUp::Budget),
+        Origin::Body | Origin::Timeout if verdict == Verdict::Fail => Some(GiveUp::Permanent),
+        Origin::Body | Origin::Timeout if attempt >= policy.attempts => Some(GiveUp::Exhausted),
+        Origin::Body | Origin::Timeout => None,
+    };
+    if let Some(reason) = reason {
+        return Decision::GiveUp(reason);
+    }
+    let delay = match verdict {
+        Verdict::RetryAfter(exact) => exact,
+        Verdict::Retry | Verdict::Fail => delay(),
+    };
+    if let (Some(budget), Some(elapsed)) = (policy.budget, elapsed) {
+        // The next attempt could not start inside the budget: give up now, not later.
+        if elapsed.checked_add(delay).is_none_or(|next| next >= budget) {
+            return Decision::GiveUp(GiveUp::Budget);
+        }
+    }
+    Decision::RetryAfter(delay)
+}
+
+/// What one call of a retried job keeps between attempts.
 pub struct Retry<'a> {
     job: &'a str,
     /// The job's static descriptor, when the name is known at compile time.
@@ -29,7 +97,15 @@ pub struct Retry<'a> {
     policy: &'a Policy,
     breaker: Option<&'a CircuitBreaker>,
     sink: Option<&'a dyn DeadLetterSink>,
-    attempt: u32,
+    payload: Option<&'a dyn Payload>,
+    /// Who sees this call's events, decided when it starts.
+    watch: Watch,
+    /// The installed runtime when the call started, if any (see [`Current::installed`]).
+    installed: Option<&'static Runtime>,
+    /// The runtime in scope, looked up the first time the call needs it.
+    runtime: Option<Current>,
+    /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
+    running: Running,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
     started: Option<Instant>,
     /// The wall-clock starts of the first and the latest attempt, for the dead letter.
@@ -37,89 +113,11 @@ pub struct Retry<'a> {
     last_wall: Option<SystemTime>,
     /// Whether the current attempt's wall-clock start has been taken.
     stamped: bool,
-    payload: Option<&'a dyn Payload>,
-    /// The runtime handle, the breaker permit and the failure state: what the call may own.
-    held: Held<'a>,
+    permit: Option<Permit<'a>>,
+    /// What only a failure needs, allocated at the first one.
+    failures: Option<Box<Failures>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
-}
-
-/// What a call may come to own, each part made only when it is needed, behind one flag: a call
-/// that succeeds at once without a breaker or an observer owns none of them, and dropping its
-/// state is one branch. Every part is set through a method here, so the flag cannot be missed.
-struct Held<'a> {
-    /// The runtime in scope, looked up the first time the call needs it: a call that succeeds
-    /// in a process where no runtime has an observer never looks it up.
-    runtime: ManuallyDrop<Option<Current>>,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]).
-    installed: Option<&'static Runtime>,
-    permit: ManuallyDrop<Option<Permit<'a>>>,
-    /// What only a failure needs, allocated at the first one.
-    failures: ManuallyDrop<Option<Box<Failures>>>,
-    /// Whether any of the three may be `Some`.
-    any: bool,
-}
-
-impl<'a> Held<'a> {
-    #[inline]
-    fn new() -> Self {
-        Held {
-            runtime: ManuallyDrop::new(None),
-            installed: Current::installed(),
-            permit: ManuallyDrop::new(None),
-            failures: ManuallyDrop::new(None),
-            any: false,
-        }
-    }
-
-    /// The runtime in scope.
-    fn runtime(&mut self) -> &Runtime {
-        self.any = true;
-        let installed = self.installed;
-        self.runtime
-            .get_or_insert_with(|| Current::with_installed(installed))
-    }
-
-    /// The failure state, made at the first failure; `base` seeds decorrelated jitter.
-    fn failures(&mut self, base: Duration) -> &mut Failures {
-        self.any = true;
-        self.failures.get_or_insert_with(|| Failures::new(base))
-    }
-
-    /// Both at once, for the jitter's random stream.
-    fn runtime_and_failures(&mut self, base: Duration) -> (&Runtime, &mut Failures) {
-        self.any = true;
-        let installed = self.installed;
-        let runtime = self
-            .runtime
-            .get_or_insert_with(|| Current::with_installed(installed));
-        let failures = self.failures.get_or_insert_with(|| Failures::new(base));
-        (runtime, failures)
-    }
-
-    fn set_permit(&mut self, permit: Permit<'a>) {
-        self.any = true;
-        *self.permit = Some(permit);
-    }
-
-    #[inline]
-    fn take_permit(&mut self) -> Option<Permit<'a>> {
-        self.permit.take()
-    }
-}
-
-impl Drop for Held<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        if self.any {
-            // SAFETY: each is dropped once, here, and never used after.
-            unsafe {
-                ManuallyDrop::drop(&mut self.permit);
-                ManuallyDrop::drop(&mut self.failures);
-                ManuallyDrop::drop(&mut self.runtime);
-            }
-        }
-    }
 }
 
 /// The state only a failing call needs.
@@ -130,37 +128,17 @@ struct Failures {
     trail: Trail,
 }
 
-impl Failures {
-    #[cold]
-    fn new(base: Duration) -> Box<Self> {
-        Box::new(Failures {
-            previous_delay: base,
-            rng: None,
-            trail: Trail::new(),
-        })
-    }
-}
-
-/// Where a failed attempt's error came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Origin {
-    Body,
-    Timeout,
-    Budget,
-    CircuitOpen,
-}
-
-/// The result of one guarded attempt, as `Retry::settle` takes it.
-#[must_use]
-struct Attempted<T, E> {
-    result: Result<T, E>,
-    origin: Origin,
-}
-
 impl<'a> Retry<'a> {
     /// The state for one call of the job named `job`, under `policy`, with the runtime in scope.
     pub fn new(job: &'a str, policy: &'a Policy) -> Self {
         Self::build(job, None, policy)
+    }
+
+    /// The state for one call of the job `job` declares, under `policy`: what `#[retry]` uses,
+    /// with `job` in a `static`.
+    #[inline]
+    pub fn of(job: &'static Job, policy: &'a Policy) -> Self {
+        Self::build(job.name(), Some(job), policy)
     }
 
     #[inline(always)]
@@ -172,23 +150,23 @@ impl<'a> Retry<'a> {
             policy,
             breaker: None,
             sink: None,
-            attempt: 0,
+            payload: None,
+            watch: crate::observe::watch(),
+            installed: Current::installed(),
+            runtime: None,
+            running: Running {
+                number: 0,
+                started: None,
+            },
             started: None,
             first_wall: None,
             last_wall: None,
             stamped: false,
-            payload: None,
-            held: Held::new(),
+            permit: None,
+            failures: None,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
         }
-    }
-
-    /// The state for one call of the job `job` declares, under `policy`: what `#[retry]` uses, with
-    /// `job` in a `static`.
-    #[inline]
-    pub fn of(job: &'static Job, policy: &'a Policy) -> Self {
-        Self::build(job.name(), Some(job), policy)
     }
 
     /// The idempotency key, carried into events and the dead letter.
@@ -211,24 +189,87 @@ impl<'a> Retry<'a> {
 
     /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
     /// never otherwise: the success path neither serializes nor allocates.
-    pub fn payload<P: crate::__private::Payload>(mut self, payload: &'a P) -> Self {
+    pub fn payload<P: Payload>(mut self, payload: &'a P) -> Self {
         self.payload = Some(payload);
         self
     }
 
-    /// Whether anything could see an event: an observer somewhere in the process, or the
-    /// `metrics` or `tracing` integration. Without any, the success path builds no event.
-    #[inline(always)]
-    fn observing() -> bool {
-        cfg!(any(feature = "metrics", feature = "tracing")) || crate::observe::observed()
+    /// The number the next attempt will have, from 1.
+    pub fn next_attempt(&self) -> u32 {
+        self.running.number + 1
     }
 
-    /// Raises `event` on the runtime, inside the call's span with the `tracing` feature.
+    /// One turn of the loop for a job with no breaker, timeout or budget (so the runtime cannot
+    /// fail on its own and `E` needs nothing from jobguard): runs `attempt`, classifies a
+    /// failure with `on_err`, and resolves to `Break` with the result to return, or `Continue`
+    /// once the delay before the next attempt has passed.
+    #[inline]
+    pub fn attempt<T, E, F, C, V>(
+        &mut self,
+        attempt: F,
+        on_err: C,
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: Display,
+    {
+        Round::new(self, attempt, on_err, None)
+    }
+
+    /// [`Retry::attempt`] under the breaker, the per-attempt timeout and the budget, which fail
+    /// with a [`jobguard::Error`](Error) converted into `E`. `attempt` is not polled when the
+    /// breaker refuses it.
+    #[inline]
+    pub fn attempt_guarded<T, E, F, C, V>(
+        &mut self,
+        attempt: F,
+        on_err: C,
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: FromJobguard + Display,
+    {
+        Round::new(self, attempt, on_err, Some(E::from))
+    }
+
+    /// The runtime in scope, looked up once per call.
+    fn runtime(&mut self) -> &Runtime {
+        let installed = self.installed;
+        self.runtime
+            .get_or_insert_with(|| Current::with_installed(installed))
+    }
+
+    /// The failure state, made at the first failure.
+    #[cold]
+    fn failures(&mut self) -> &mut Failures {
+        let base = self.policy.base;
+        self.failures.get_or_insert_with(|| {
+            Box::new(Failures {
+                previous_delay: base,
+                rng: None,
+                trail: Trail::new(),
+            })
+        })
+    }
+
+    /// Raises `event` for whoever watches, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
-        let runtime = match crate::observe::observed() {
-            true => Some(self.held.runtime()),
-            false => None,
+        let runtime = match self.watch {
+            Watch::Nobody => return,
+            Watch::Integrations => None,
+            Watch::Observers => {
+                let installed = self.installed;
+                Some(
+                    &*self
+                        .runtime
+                        .get_or_insert_with(|| Current::with_installed(installed)),
+                )
+            }
         };
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.job, self.key);
@@ -238,32 +279,64 @@ impl<'a> Retry<'a> {
         }
     }
 
-    /// The failure state, made at the first failure.
-    #[cold]
-    fn failures(&mut self) -> &mut Failures {
-        self.held.failures(self.policy.base)
-    }
-
-    /// The number the next attempt will have, from 1.
-    pub fn next_attempt(&self) -> u32 {
-        self.attempt + 1
-    }
-
-    fn begin(&mut self) {
-        self.attempt += 1;
+    /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
+    /// it runs under.
+    #[inline(always)]
+    fn admit(&mut self) -> Admitted {
+        if let Some(breaker) = self.breaker {
+            match breaker.acquire() {
+                Ok(permit) => self.permit = Some(permit),
+                Err(retry_in) => return Admitted::Refused(retry_in),
+            }
+        }
+        self.running = Running {
+            number: self.running.number + 1,
+            started: None,
+        };
         self.stamped = false;
         #[cfg(feature = "tracing")]
-        self.span.record_attempt(self.job, self.key, self.attempt);
-        if Self::observing() {
+        self.span
+            .record_attempt(self.job, self.key, self.running.number);
+        if self.watch != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.job,
                 key: self.key,
-                attempt: self.attempt,
+                attempt: self.running.number,
             });
+        }
+        match (self.policy.timeout, self.policy.budget) {
+            // A breaker alone needs no clock.
+            (None, None) => Admitted::Run,
+            (timeout, budget) => match self.limit(timeout, budget) {
+                Some((at, cut)) => Admitted::Until(at, cut),
+                None => Admitted::Run,
+            },
         }
     }
 
-    /// Takes the current attempt's wall-clock start, once.
+    /// The attempt's time limit: the nearer of its timeout and the budget's end. A limit too far
+    /// out to represent is no limit.
+    #[cold]
+    fn limit(
+        &mut self,
+        timeout: Option<Duration>,
+        budget: Option<Duration>,
+    ) -> Option<(Instant, Origin)> {
+        let now = Instant::now();
+        let start = *self.started.get_or_insert(now);
+        let budget_end = budget.and_then(|b| start.checked_add(b));
+        let timeout_end = timeout.and_then(|t| now.checked_add(t));
+        match (timeout_end, budget_end) {
+            (Some(t), Some(b)) if b < t => Some((b, Origin::Budget)),
+            (Some(t), _) => Some((t, Origin::Timeout)),
+            (None, Some(b)) => Some((b, Origin::Budget)),
+            (None, None) => None,
+        }
+    }
+
+    /// Takes the current attempt's wall-clock start, once: when the attempt does not finish on
+    /// its first poll, or finishes with a failure. That is its start to within one poll, and an
+    /// attempt that succeeds at once reads no clock at all.
     #[cold]
     fn stamp(&mut self) {
         if !self.stamped {
@@ -271,244 +344,64 @@ impl<'a> Retry<'a> {
             let now = SystemTime::now();
             self.first_wall.get_or_insert(now);
             self.last_wall = Some(now);
-        }
-    }
-
-    /// Awaits one attempt, taking its wall-clock start only when a dead letter could need it: when
-    /// the attempt does not finish on its first poll, or finishes with an error. That is its
-    /// start to within one poll, and an attempt that succeeds at once reads no clock at all.
-    async fn watch<T, E, F>(&mut self, attempt: F) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
-        #[cfg(feature = "tracing")]
-        let span = self.span.handle(self.job, self.key);
-        let mut attempt = std::pin::pin!(attempt);
-        let result = std::future::poll_fn(|cx| {
-            #[cfg(feature = "tracing")]
-            let _entered = span.as_ref().map(tracing::Span::enter);
-            let polled = attempt.as_mut().poll(cx);
-            if polled.is_pending() {
-                self.stamp();
-            }
-            polled
-        })
-        .await;
-        if result.is_err() {
-            self.stamp();
-        }
-        result
-    }
-
-    /// Runs one attempt of a job with no breaker, timeout or budget (so the runtime cannot fail
-    /// on its own and `E` needs nothing from jobguard), and decides what follows it: `Break` with
-    /// the result to return (a success, or the last error once the give-up is dead-lettered), or
-    /// `Continue` once the delay before the next attempt has passed. A success is settled inside
-    /// the attempt's own poll; only a failure allocates, for the wait.
-    pub fn attempt<T, E, F, C, V>(
-        &mut self,
-        attempt: F,
-        classify: C,
-    ) -> impl Future<Output = ControlFlow<Result<T, E>>>
-    where
-        F: Future<Output = Result<T, E>>,
-        C: FnOnce(&E) -> V,
-        V: Into<Verdict>,
-        E: Display,
-    {
-        self.begin();
-        Step {
-            #[cfg(feature = "tracing")]
-            span: self.span.handle(self.job, self.key),
-            fail: Retry::failed::<T, E>,
-            retry: Some(self),
-            classify: Some(classify),
-            future: attempt,
-            failing: None,
-            _value: std::marker::PhantomData,
-        }
-    }
-
-    /// Runs one attempt under the breaker, the per-attempt timeout and the budget. `attempt` is
-    /// not polled when the breaker refuses it.
-    #[allow(clippy::manual_async_fn)] // the bound is on the call, not on an `async fn`'s future
-    pub fn attempt_guarded<T, E, F, V>(
-        &mut self,
-        attempt: F,
-        classify: impl FnOnce(&E) -> V,
-    ) -> impl Future<Output = ControlFlow<Result<T, E>>>
-    where
-        F: Future<Output = Result<T, E>>,
-        E: crate::__private::FromJobguard + Display,
-        V: Into<Verdict>,
-    {
-        // Not an `async fn`: a missing `From<jobguard::Error>` is then one error at the call, in
-        // the words of `FromJobguard`, not a second one at the `.await`.
-        async move {
-            let attempted = self.guarded(attempt).await;
-            self.settle(attempted, classify).await
-        }
-    }
-
-    async fn guarded<T, E, F>(&mut self, attempt: F) -> Attempted<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-        E: crate::__private::FromJobguard,
-    {
-        if let Some(breaker) = self.breaker {
-            match breaker.acquire() {
-                Ok(permit) => self.held.set_permit(permit),
-                Err(retry_in) => {
-                    // Refused: no attempt is made or counted.
-                    return Attempted {
-                        result: Err(E::from(Error::CircuitOpen { retry_in })),
-                        origin: Origin::CircuitOpen,
-                    };
-                }
-            }
-        }
-        self.begin();
-        let (deadline, origin) = match (self.policy.timeout, self.policy.budget) {
-            // A breaker alone needs no clock.
-            (None, None) => (None, Origin::Body),
-            (timeout, budget) => {
-                let now = Instant::now();
-                let start = *self.started.get_or_insert(now);
-                // A limit too far out to represent is no limit.
-                let budget_end = budget.and_then(|b| start.checked_add(b));
-                let timeout_end = timeout.and_then(|t| now.checked_add(t));
-                match (timeout_end, budget_end) {
-                    (Some(t), Some(b)) if b < t => (Some(b), Origin::Budget),
-                    (Some(t), _) => (Some(t), Origin::Timeout),
-                    (None, Some(b)) => (Some(b), Origin::Budget),
-                    (None, None) => (None, Origin::Body),
-                }
-            }
-        };
-        match deadline {
-            None => Attempted {
-                result: self.watch(attempt).await,
-                origin: Origin::Body,
-            },
-            Some(at) => match tokio::time::timeout_at(at, self.watch(attempt)).await {
-                Ok(result) => Attempted {
-                    result,
-                    origin: Origin::Body,
-                },
-                Err(_) => {
-                    let error = if origin == Origin::Budget {
-                        Error::Budget
-                    } else {
-                        Error::Timeout
-                    };
-                    Attempted {
-                        result: Err(E::from(error)),
-                        origin,
-                    }
-                }
-            },
-        }
-    }
-
-    /// Decides what follows a guarded attempt; see [`Retry::attempt`].
-    async fn settle<T, E, V>(
-        &mut self,
-        attempted: Attempted<T, E>,
-        classify: impl FnOnce(&E) -> V,
-    ) -> ControlFlow<Result<T, E>>
-    where
-        E: Display,
-        V: Into<Verdict>,
-    {
-        let Attempted { result, origin } = attempted;
-        match result {
-            Ok(value) => {
-                self.succeeded();
-                ControlFlow::Break(Ok(value))
-            }
-            Err(error) => {
-                // The runtime's own failures are classified by the runtime, whatever `E` says.
-                let verdict = match origin {
-                    Origin::Body => classify(&error).into(),
-                    Origin::Timeout => Verdict::Retry,
-                    Origin::Budget | Origin::CircuitOpen => Verdict::Fail,
-                };
-                Box::pin(self.failed(error, origin, verdict)).await
+            if self.running.started.is_none() {
+                self.running.started = Some(Instant::now());
             }
         }
     }
 
-    /// Books a success: the breaker's permit, the event.
-    #[inline]
+    /// Books an accepted outcome: the breaker's permit, the event.
+    #[inline(always)]
     fn succeeded(&mut self) {
-        if let Some(permit) = self.held.take_permit() {
+        if let Some(permit) = self.permit.take() {
             permit.success();
         }
-        if Self::observing() {
+        if self.watch != Watch::Nobody {
             self.emit(&Event::Succeeded {
                 job: self.job,
                 key: self.key,
-                attempts: self.attempt,
+                attempts: self.running.number,
             });
         }
     }
 
-    /// What follows a failed attempt: a give-up, or the wait before the next attempt.
-    async fn failed<T, E: Display>(
-        &mut self,
-        error: E,
-        origin: Origin,
-        verdict: Verdict,
-    ) -> ControlFlow<Result<T, E>> {
-        self.failures().trail.failed(&error);
+    /// What follows an outcome that was not accepted: the delay before the next attempt, or the
+    /// give-up and its dead letter on their way to the sink.
+    #[cold]
+    fn failed(&mut self, failure: &dyn Display, origin: Origin, verdict: Verdict) -> Next<'a> {
+        self.stamp();
+        self.failures().trail.failed(failure);
         // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
         // nothing about the dependency's health: its permit is dropped here, neutral.
-        if let Some(permit) = self.held.take_permit()
+        if let Some(permit) = self.permit.take()
             && (verdict.is_retryable() || origin == Origin::Budget)
         {
             permit.failure();
         }
-        let give_up = match origin {
-            Origin::CircuitOpen => Some(GiveUp::CircuitOpen),
-            Origin::Budget => Some(GiveUp::Budget),
-            _ if verdict == Verdict::Fail => Some(GiveUp::Permanent),
-            _ if self.attempt >= self.policy.attempts => Some(GiveUp::Exhausted),
-            _ => None,
-        };
-        if let Some(reason) = give_up {
-            self.give_up(reason, error.to_string()).await;
-            return ControlFlow::Break(Err(error));
-        }
-        let delay = match verdict {
-            Verdict::RetryAfter(exact) => exact,
-            _ => self.jittered(self.attempt),
-        };
-        self.failures().previous_delay = delay;
-        if let Some(budget) = self.policy.budget {
+        let policy = self.policy;
+        let elapsed = policy.budget.and_then(|budget| {
             let start = *self.started.get_or_insert_with(Instant::now);
-            let beyond = match (Instant::now().checked_add(delay), start.checked_add(budget)) {
-                (_, None) => false,
-                (None, Some(_)) => true,
-                (Some(next), Some(end)) => next >= end,
-            };
-            if beyond {
-                // The next attempt could not start inside the budget: give up now, not later.
-                self.give_up(GiveUp::Budget, error.to_string()).await;
-                return ControlFlow::Break(Err(error));
-            }
-        }
-        self.emit(&Event::Retry {
-            job: self.job,
-            key: self.key,
-            attempt: self.attempt,
-            delay,
-            verdict,
-            error: &error,
+            start.checked_add(budget).map(|_| start.elapsed())
         });
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+        let attempt = self.running.number;
+        let decision = decide(policy, attempt, origin, verdict, elapsed, || {
+            self.jittered(attempt)
+        });
+        match decision {
+            Decision::RetryAfter(delay) => {
+                self.failures().previous_delay = delay;
+                self.emit(&Event::Retry {
+                    job: self.job,
+                    key: self.key,
+                    attempt,
+                    delay,
+                    verdict,
+                    error: failure,
+                });
+                Next::RetryAfter(delay)
+            }
+            Decision::GiveUp(reason) => Next::GiveUp(self.give_up(reason, failure.to_string())),
         }
-        ControlFlow::Continue(())
     }
 
     fn jittered(&mut self, retry: u32) -> Duration {
@@ -517,22 +410,28 @@ impl<'a> Retry<'a> {
         if !p.jitter.is_random() {
             return curve;
         }
-        let (runtime, failures) = self.held.runtime_and_failures(p.base);
-        let rng = failures.rng.get_or_insert_with(|| runtime.rng());
-        p.jitter
-            .apply(curve, failures.previous_delay, p.base, p.cap, rng)
+        let mut rng = match self.failures().rng.take() {
+            Some(rng) => rng,
+            None => self.runtime().rng(),
+        };
+        let failures = self.failures();
+        let delay = p
+            .jitter
+            .apply(curve, failures.previous_delay, p.base, p.cap, &mut rng);
+        failures.rng = Some(rng);
+        delay
     }
 
-    /// Takes the last error's message, not the error: `&E` held across the send would make the
-    /// call's future `Send` only for `E: Sync`.
-    async fn give_up(&mut self, reason: GiveUp, error: String) {
+    /// The dead letter, raised as an event and sent to the sink by the returned future, which
+    /// reports a sink's failure and never fails itself.
+    fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
         let now = SystemTime::now();
         let first = self.first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
             reason,
-            self.attempt,
+            self.running.number,
             error,
             first,
             self.last_wall.unwrap_or(first),
@@ -540,89 +439,568 @@ impl<'a> Retry<'a> {
         let payload = self.payload;
         let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
-        #[cfg(feature = "tracing")]
-        let span = self.span.handle(self.job, self.key);
+        let job = self.job;
         let send = match self.sink {
             Some(sink) => sink.send(letter),
-            None => self.held.runtime().inner.dead_letters.send(letter),
+            None => {
+                let sink = self.runtime().inner.dead_letters.clone();
+                Box::pin(async move { sink.send(letter).await })
+            }
+        };
+        let sending = async move {
+            if let Err(e) = send.await {
+                crate::observe::log_error(format_args!(
+                    "jobguard: job {job} gave up ({reason}) but its dead letter was lost: {e}"
+                ));
+            }
         };
         #[cfg(feature = "tracing")]
-        let send = tracing::Instrument::instrument(send, span.unwrap_or_else(tracing::Span::none));
-        let sent = send.await;
-        if let Err(e) = sent {
-            crate::observe::log_error(format_args!(
-                "jobguard: job {} gave up ({reason}) but its dead letter was lost: {e}",
-                self.job
-            ));
+        let sending = tracing::Instrument::instrument(
+            sending,
+            self.span
+                .handle(self.job, self.key)
+                .unwrap_or_else(tracing::Span::none),
+        );
+        Box::pin(sending)
+    }
+}
+
+/// The `on_ok` of a round without one: every `Ok` is accepted (it is never called).
+pub type AcceptOk<T> = fn(&T) -> Verdict;
+
+/// The dead letter on its way to the sink.
+type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// What the admission of an attempt says.
+enum Admitted {
+    /// Run it, with no time limit.
+    Run,
+    /// Run it until this instant, then cut it for this reason.
+    Until(Instant, Origin),
+    /// The breaker refused it, open for this much longer; it counts as no attempt.
+    Refused(Duration),
+}
+
+/// What follows a failed outcome, as [`Retry::failed`] decides it.
+enum Next<'a> {
+    RetryAfter(Duration),
+    GiveUp(Sending<'a>),
+}
+
+/// The failure an `on_ok` retry books: the value itself need not be `Display`.
+struct OkRetried;
+
+impl Display for OkRetried {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the `on_ok` classifier asked to retry the job's `Ok` value")
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// One turn of the retry loop, from [`Retry::attempt`]: admit the attempt, run it, then
+    /// accept its outcome, sleep before the next attempt, or give up. Resolves to `Break` with
+    /// the call's result, or `Continue` when the loop makes the next attempt.
+    ///
+    /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
+    /// failed) are pinned beside the [`State`], which says which of them is live.
+    #[must_use = "a round does nothing unless awaited"]
+    pub struct Round<'r, 'a, T, E, F, C, K> {
+        retry: &'r mut Retry<'a>,
+        on_err: Option<C>,
+        on_ok: Option<K>,
+        // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
+        lift: Option<fn(Error) -> E>,
+        state: State,
+        // While giving up: the dead letter on its way, and the result to return after it.
+        giving_up: Option<GivingUp<'a, T, E>>,
+        #[pin]
+        attempt: F,
+        #[pin]
+        timer: Option<Sleep>,
+    }
+}
+
+/// A give-up in progress: the dead letter on its way, and the result to return after it.
+struct GivingUp<'a, T, E> {
+    sending: Sending<'a>,
+    result: Result<T, E>,
+}
+
+/// Where a [`Round`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Not polled yet: the breaker is asked and the attempt counted at the first poll.
+    Admit,
+    /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout or
+    /// the budget's end).
+    Run { cut: Origin },
+    /// The attempt failed; the next one starts when the timer fires (at once without one: a
+    /// zero delay needs no timer).
+    Sleep,
+    /// The call gave up: the dead letter is being sent, and the result is returned after it.
+    GiveUp,
+    /// The round resolved.
+    Done,
+}
+
+impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
+    #[inline]
+    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, lift: Option<fn(Error) -> E>) -> Self {
+        Round {
+            retry,
+            on_err: Some(on_err),
+            on_ok: None,
+            lift,
+            state: State::Admit,
+            giving_up: None,
+            attempt,
+            timer: None,
+        }
+    }
+
+    /// Classifies the `Ok` value too: `on_ok` returning [`Verdict::Retry`] or
+    /// [`Verdict::RetryAfter`] retries it like a transient failure (expansions pass an
+    /// [`OkClassifier`] through `__private::classify_ok`). When the attempts
+    /// run out on a retried value, that last value is returned and the job is dead-lettered as
+    /// [`GiveUp::Exhausted`].
+    #[inline]
+    pub fn on_ok<K2>(self, on_ok: K2) -> Round<'r, 'a, T, E, F, C, K2>
+    where
+        K2: FnOnce(&T) -> Verdict,
+    {
+        Round {
+            retry: self.retry,
+            on_err: self.on_err,
+            on_ok: Some(on_ok),
+            lift: self.lift,
+            state: self.state,
+            giving_up: self.giving_up,
+            attempt: self.attempt,
+            timer: self.timer,
         }
     }
 }
 
-/// One attempt in flight and what follows it, as [`Retry::attempt`] returns it: the job's body,
-/// run inside the call's span, then the success booked in the same poll, or the failure's wait
-/// (boxed, so that the success path's future stays small).
-struct Step<'r, 'a, T, E, F, C, S> {
-    /// The call's state; handed to the failure's wait when there is one.
-    retry: Option<&'r mut Retry<'a>>,
-    classify: Option<C>,
-    fail: fn(&'r mut Retry<'a>, E, Origin, Verdict) -> S,
-    failing: Option<Pin<Box<S>>>,
-    #[cfg(feature = "tracing")]
-    span: Option<tracing::Span>,
-    /// The body; pinned with `Step`.
-    future: F,
-    _value: std::marker::PhantomData<fn() -> T>,
-}
-
-impl<T, E, F, C, V, S> Future for Step<'_, '_, T, E, F, C, S>
+impl<T, E, F, C, V, K> Future for Round<'_, '_, T, E, F, C, K>
 where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    S: Future<Output = ControlFlow<Result<T, E>>>,
+    K: FnOnce(&T) -> Verdict,
+    E: Display,
 {
     type Output = ControlFlow<Result<T, E>>;
 
-    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: only `future` is pinned structurally: it is never moved out of `self`, `Step`
-        // has no `Drop` that could move it, and `Step` is `Unpin` only when `F` is. Every other
-        // field is moved freely, as nothing pins them.
-        let this = unsafe { self.get_unchecked_mut() };
-        if let Some(failing) = &mut this.failing {
-            return failing.as_mut().poll(cx);
+        let mut this = self.project();
+        loop {
+            match *this.state {
+                State::Admit => match (this.retry.admit(), *this.lift) {
+                    (Admitted::Run, _) => *this.state = State::Run { cut: Origin::Body },
+                    (Admitted::Until(at, cut), _) => {
+                        this.timer.set(Some(tokio::time::sleep_until(at)));
+                        *this.state = State::Run { cut };
+                    }
+                    (Admitted::Refused(retry_in), Some(lift)) => {
+                        // Refused: no attempt is made or counted.
+                        let refused = Error::CircuitOpen { retry_in };
+                        let next = this
+                            .retry
+                            .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
+                        *this.state =
+                            Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                    }
+                    // Only a guarded round has a breaker to refuse it.
+                    (Admitted::Refused(_), None) => {
+                        unreachable!("a breaker on an unguarded round")
+                    }
+                },
+                State::Run { cut } => {
+                    let polled = {
+                        #[cfg(feature = "tracing")]
+                        let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
+                        let attempt = this.attempt.as_mut();
+                        attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
+                    };
+                    let (result, origin) = match polled {
+                        Poll::Ready(result) => (result, Origin::Body),
+                        Poll::Pending => {
+                            let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
+                            match (limit, *this.lift) {
+                                (Some(Poll::Ready(())), Some(lift)) => {
+                                    let error = match cut {
+                                        Origin::Budget => Error::Budget,
+                                        _ => Error::Timeout,
+                                    };
+                                    (Err(lift(error)), cut)
+                                }
+                                _ => {
+                                    this.retry.stamp();
+                                    return Poll::Pending;
+                                }
+                            }
+                        }
+                    };
+                    let verdict = match (&result, origin) {
+                        (Ok(value), _) => match this.on_ok.take() {
+                            Some(on_ok) => on_ok(value),
+                            None => Verdict::Fail,
+                        },
+                        (Err(error), Origin::Body) => match this.on_err.take() {
+                            Some(on_err) => on_err(error).into(),
+                            None => Verdict::Fail,
+                        },
+                        // The runtime's own failures are classified by the runtime.
+                        (Err(_), Origin::Timeout) => Verdict::Retry,
+                        (Err(_), _) => Verdict::Fail,
+                    };
+                    let next = match &result {
+                        Ok(_) if verdict == Verdict::Fail => {
+                            this.retry.succeeded();
+                            *this.state = State::Done;
+                            return Poll::Ready(ControlFlow::Break(result));
+                        }
+                        Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
+                        Err(error) => this.retry.failed(error, origin, verdict),
+                    };
+                    *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+                }
+                State::Sleep => {
+                    if let Some(delay) = this.timer.as_mut().as_pin_mut() {
+                        ready!(delay.poll(cx));
+                    }
+                    *this.state = State::Done;
+                    return Poll::Ready(ControlFlow::Continue(()));
+                }
+                State::GiveUp => {
+                    if let Some(giving_up) = this.giving_up.as_mut() {
+                        ready!(giving_up.sending.as_mut().poll(cx));
+                    }
+                    *this.state = State::Done;
+                    match this.giving_up.take() {
+                        Some(GivingUp { result, .. }) => {
+                            return Poll::Ready(ControlFlow::Break(result));
+                        }
+                        None => unreachable!("a give-up holds its result"),
+                    }
+                }
+                State::Done => panic!("a retry round polled after it resolved"),
+            }
         }
-        assert!(this.retry.is_some(), "`Step` polled after completion");
-        let future = unsafe { Pin::new_unchecked(&mut this.future) };
-        let polled = {
-            #[cfg(feature = "tracing")]
-            let _entered = this.span.as_ref().map(tracing::Span::enter);
-            future.poll(cx)
-        };
-        let retry = this
-            .retry
-            .as_deref_mut()
-            .expect("`Step` polled after completion");
-        match polled {
-            Poll::Pending => {
-                retry.stamp();
-                Poll::Pending
+    }
+}
+
+impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
+    /// The state after a failed outcome: asleep before the next attempt, or giving up.
+    /// The failed attempt's result is dropped when the loop goes on, and kept to be returned
+    /// when it gives up.
+    #[cold]
+    fn after(
+        next: Next<'a>,
+        result: Result<T, E>,
+        timer: &mut Pin<&mut Option<Sleep>>,
+        giving_up: &mut Option<GivingUp<'a, T, E>>,
+    ) -> State {
+        match next {
+            Next::RetryAfter(delay) => {
+                timer.set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
+                State::Sleep
             }
-            Poll::Ready(Ok(value)) => {
-                retry.succeeded();
-                this.retry = None;
-                Poll::Ready(ControlFlow::Break(Ok(value)))
-            }
-            Poll::Ready(Err(error)) => {
-                retry.stamp();
-                let classify = this.classify.take().expect("classified once");
-                let verdict = classify(&error).into();
-                let retry = this.retry.take().expect("checked above");
-                let failing =
-                    this.failing
-                        .insert(Box::pin((this.fail)(retry, error, Origin::Body, verdict)));
-                failing.as_mut().poll(cx)
+            Next::GiveUp(sending) => {
+                timer.set(None);
+                *giving_up = Some(GivingUp { sending, result });
+                State::GiveUp
             }
         }
+    }
+}
+
+/// An `on_ok` classifier: `fn(&T) -> Verdict` or `fn(&T) -> bool` (`true` retries), or a
+/// closure of either shape.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify the job's `Ok` value of type `{T}`",
+    label = "`on_ok` needs a `fn(&{T}) -> jobguard::Verdict` or `fn(&{T}) -> bool`",
+    note = "return `Verdict::Retry` (or `true`) to retry the value, `Verdict::RetryAfter(d)` to retry after `d`, and `Verdict::Fail` (or `false`) to accept it"
+)]
+pub trait OkClassifier<T> {
+    /// What the value says about trying again.
+    fn classify(self, value: &T) -> Verdict;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T, V: Into<Verdict>, K: FnOnce(&T) -> V> OkClassifier<T> for K {
+    #[inline]
+    fn classify(self, value: &T) -> Verdict {
+        self(value).into()
+    }
+}
+
+/// Arguments a dead letter carries for a redrive: serialized when, and only when, a letter is
+/// written.
+#[diagnostic::on_unimplemented(
+    message = "`#[retry(payload = ...)]` cannot carry `{Self}` in a dead letter",
+    label = "the payload is serialized with serde into the letter, so it needs `serde::Serialize + Sync`",
+    note = "derive `serde::Serialize` for the arguments' types, or leave out the ones that cannot be serialized"
+)]
+pub trait Payload: Sync {
+    /// The arguments as JSON.
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<P: serde::Serialize + Sync + ?Sized> Payload for P {
+    fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(self)
+    }
+}
+
+/// What a call gathers for its dead letter on the failure path: the last errors. Empty until
+/// the first failure; nothing here allocates or serializes while attempts succeed.
+struct Trail {
+    history: VecDeque<String>,
+}
+
+impl Trail {
+    const fn new() -> Self {
+        Trail {
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Notes one failure (an attempt's error, a retried value, or a refusal by the breaker).
+    fn failed(&mut self, error: &dyn Display) {
+        if self.history.len() == DeadLetter::HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(error.to_string());
+    }
+
+    /// Completes `letter` with the history and the serialized payload. A payload that cannot be
+    /// serialized is reported and left out: the letter itself is never lost for it.
+    fn seal(&mut self, payload: Option<&dyn Payload>, letter: DeadLetter) -> DeadLetter {
+        let payload = payload.and_then(|p| match p.to_json() {
+            Ok(value) => Some(value),
+            Err(e) => {
+                crate::observe::log_error(format_args!(
+                    "jobguard: job {} gave up and its payload could not be serialized: {e}",
+                    letter.job
+                ));
+                None
+            }
+        });
+        let history = Vec::from(std::mem::take(&mut self.history));
+        letter.with_history(history).with_payload(payload)
+    }
+}
+
+impl Policy {
+    /// Runs `f` under this policy without any macro: the loop behind `#[retry]`.
+    ///
+    /// `f` is called with the attempt number (from 1). Failures are classified by
+    /// [`Transient`](crate::Transient); the give-up goes to the runtime's dead-letter sink, and
+    /// the last error is returned.
+    ///
+    /// ```
+    /// use jobguard::{Jitter, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let policy = Policy::new().attempts(3).jitter(Jitter::None);
+    /// let got = policy
+    ///     .run("fetch", async |attempt| {
+    ///         if attempt < 3 {
+    ///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    ///         } else {
+    ///             Ok(attempt)
+    ///         }
+    ///     })
+    ///     .await;
+    /// assert_eq!(got.unwrap(), 3);
+    /// # }
+    /// ```
+    pub async fn run<T, E, F>(&self, job: &str, f: F) -> Result<T, E>
+    where
+        F: AsyncFnMut(u32) -> Result<T, E>,
+        E: crate::Transient + From<Error> + Display,
+    {
+        self.run_if_ok(job, f, |_: &T| Verdict::Fail).await
+    }
+
+    /// [`Policy::run`], retrying `Ok` values too: `on_ok` returning [`Verdict::Retry`],
+    /// [`Verdict::RetryAfter`] or `true` retries the value like a transient failure. When the
+    /// attempts run out on a retried value, that last value is returned and the job is
+    /// dead-lettered as [`GiveUp::Exhausted`].
+    ///
+    /// ```
+    /// use jobguard::{Jitter, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let policy = Policy::new().attempts(3).jitter(Jitter::None);
+    /// let status = policy
+    ///     .run_if_ok(
+    ///         "poll",
+    ///         async |attempt| Ok::<u16, std::io::Error>(if attempt < 2 { 503 } else { 200 }),
+    ///         |status: &u16| *status == 503,
+    ///     )
+    ///     .await;
+    /// assert_eq!(status.unwrap(), 200);
+    /// # }
+    /// ```
+    pub async fn run_if_ok<T, E, F, K, V>(&self, job: &str, mut f: F, on_ok: K) -> Result<T, E>
+    where
+        F: AsyncFnMut(u32) -> Result<T, E>,
+        E: crate::Transient + From<Error> + Display,
+        K: Fn(&T) -> V,
+        V: Into<Verdict>,
+    {
+        let mut retry = Retry::new(job, self);
+        loop {
+            let attempt = retry.next_attempt();
+            let round = retry
+                .attempt_guarded(f(attempt), crate::Transient::verdict)
+                .on_ok(|value: &T| on_ok(value).into());
+            if let ControlFlow::Break(done) = round.await {
+                return done;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Jitter;
+
+    const POLICY: Policy = Policy::new()
+        .attempts(3)
+        .base(Duration::from_millis(100))
+        .cap(Duration::from_secs(1))
+        .jitter(Jitter::None);
+
+    fn curve(retry: u32) -> impl FnOnce() -> Duration {
+        move || POLICY.delay(retry)
+    }
+
+    fn never() -> Duration {
+        panic!("the curve is not needed here")
+    }
+
+    #[test]
+    fn a_transient_failure_waits_on_the_curve() {
+        for (attempt, ms) in [(1, 100), (2, 200)] {
+            assert_eq!(
+                decide(
+                    &POLICY,
+                    attempt,
+                    Origin::Body,
+                    Verdict::Retry,
+                    None,
+                    curve(attempt)
+                ),
+                Decision::RetryAfter(Duration::from_millis(ms))
+            );
+        }
+    }
+
+    #[test]
+    fn retry_after_waits_exactly_and_skips_the_curve() {
+        let exact = Verdict::RetryAfter(Duration::from_secs(7));
+        assert_eq!(
+            decide(&POLICY, 1, Origin::Body, exact, None, never),
+            Decision::RetryAfter(Duration::from_secs(7))
+        );
+    }
+
+    #[test]
+    fn the_last_attempt_gives_up_exhausted() {
+        assert_eq!(
+            decide(&POLICY, 3, Origin::Body, Verdict::Retry, None, never),
+            Decision::GiveUp(GiveUp::Exhausted)
+        );
+        let once = Policy::new().attempts(1);
+        assert_eq!(
+            decide(&once, 1, Origin::Timeout, Verdict::Retry, None, never),
+            Decision::GiveUp(GiveUp::Exhausted)
+        );
+    }
+
+    #[test]
+    fn a_permanent_failure_gives_up_at_once() {
+        assert_eq!(
+            decide(&POLICY, 1, Origin::Body, Verdict::Fail, None, never),
+            Decision::GiveUp(GiveUp::Permanent)
+        );
+    }
+
+    #[test]
+    fn the_runtime_s_own_refusals_give_up_with_their_reason() {
+        assert_eq!(
+            decide(&POLICY, 1, Origin::CircuitOpen, Verdict::Retry, None, never),
+            Decision::GiveUp(GiveUp::CircuitOpen)
+        );
+        assert_eq!(
+            decide(&POLICY, 1, Origin::Budget, Verdict::Retry, None, never),
+            Decision::GiveUp(GiveUp::Budget)
+        );
+    }
+
+    #[test]
+    fn no_attempt_starts_that_the_budget_could_not_hold() {
+        let budget = POLICY.budget(Duration::from_millis(250));
+        let elapsed = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(
+            decide(
+                &budget,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                elapsed(100),
+                curve(1)
+            ),
+            Decision::RetryAfter(Duration::from_millis(100))
+        );
+        assert_eq!(
+            decide(
+                &budget,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                elapsed(150),
+                curve(1)
+            ),
+            Decision::GiveUp(GiveUp::Budget)
+        );
+        let forever = Verdict::RetryAfter(Duration::MAX);
+        assert_eq!(
+            decide(&budget, 1, Origin::Body, forever, elapsed(1), never),
+            Decision::GiveUp(GiveUp::Budget)
+        );
+        // An unrepresentable budget's end is no limit: the engine passes no elapsed time.
+        assert_eq!(
+            decide(&budget, 1, Origin::Body, forever, None, never),
+            Decision::RetryAfter(Duration::MAX)
+        );
+    }
+
+    #[test]
+    fn the_trail_keeps_the_last_errors() {
+        let mut trail = Trail::new();
+        for n in 0..7 {
+            trail.failed(&n);
+        }
+        let letter = trail.seal(
+            None,
+            DeadLetter::new(
+                "job",
+                None,
+                GiveUp::Exhausted,
+                7,
+                "6",
+                SystemTime::UNIX_EPOCH,
+                SystemTime::UNIX_EPOCH,
+            ),
+        );
+        assert_eq!(letter.history, ["2", "3", "4", "5", "6"]);
     }
 }

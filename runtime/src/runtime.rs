@@ -2,7 +2,7 @@
 //! `#[idempotent]`, the store) that attributes use when they are not given one.
 
 use crate::dead_letter::{DeadLetterSink, LogDeadLetters};
-use crate::observe::{NoopObserver, Observer};
+use crate::observe::Observer;
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use rand::SeedableRng;
@@ -37,9 +37,7 @@ pub struct Runtime {
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
-    pub(crate) observer: Arc<dyn Observer>,
-    /// Whether `observer` was set: without one, events skip the dynamic call.
-    observed: bool,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
     seed: Option<u64>,
     draws: AtomicU64,
 }
@@ -91,7 +89,7 @@ impl RuntimeBuilder {
     /// The runtime.
     pub fn build(self) -> Runtime {
         if self.observer.is_some() {
-            crate::observe::note_observer();
+            crate::observe::note_observer(|event| Current::get().emit(event));
         }
         Runtime {
             inner: Arc::new(Inner {
@@ -99,8 +97,7 @@ impl RuntimeBuilder {
                 dead_letters: self
                     .dead_letters
                     .unwrap_or_else(|| Arc::new(LogDeadLetters::new())),
-                observed: self.observer.is_some(),
-                observer: self.observer.unwrap_or_else(|| Arc::new(NoopObserver)),
+                observer: self.observer,
                 seed: self.seed,
                 draws: AtomicU64::new(0),
             }),
@@ -202,9 +199,9 @@ impl Runtime {
         &self.inner.dead_letters
     }
 
-    /// The observer.
-    pub fn observer(&self) -> &Arc<dyn Observer> {
-        &self.inner.observer
+    /// The observer, when one was set.
+    pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.inner.observer.as_ref()
     }
 
     /// Sends `event` to the observer, and to the `metrics` and `tracing` integrations when those
@@ -221,8 +218,8 @@ impl Runtime {
         event: &crate::observe::Event<'_>,
         job: Option<&'static crate::observe::Job>,
     ) {
-        if self.inner.observed {
-            self.inner.observer.on_event(event);
+        if let Some(observer) = &self.inner.observer {
+            observer.on_event(event);
         }
         crate::observe::record_job(event, job);
     }

@@ -1,8 +1,13 @@
 //! What jobguard's integration tests and benchmarks share, and nothing a user copies: a private
-//! `redis-server` per test on a free loopback port ([`redis`]), a reader of the Prometheus text
-//! format ([`prometheus`]) and a counting allocator ([`alloc`]). Not published.
+//! `redis-server` per test on a free loopback port ([`redis`]), a private 6-node Redis Cluster
+//! ([`cluster`]), a private `postgres` ([`postgres`]), one conformance suite for every
+//! idempotency store ([`conformance`]), a reader of the Prometheus text format ([`prometheus`])
+//! and a counting allocator ([`alloc`]). Not published.
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod cluster;
+pub mod conformance;
+pub mod postgres;
 pub mod prometheus;
 pub mod redis;

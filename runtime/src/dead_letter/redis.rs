@@ -29,6 +29,13 @@
 //! [`Error::Corrupt`] naming its id; [`remove`](RedisDeadLetters::remove) still removes it. A
 //! server that cannot be reached is [`Error::Store`].
 //!
+//! # Redis Cluster
+//!
+//! [`connect_cluster`](RedisDeadLetters::connect_cluster) takes seed nodes, as
+//! [`RedisStore::connect_cluster`] does. A stream is one key, so it lives in one slot, on one
+//! master (and its replica): every letter of a stream goes there, whatever the cluster's size.
+//! Use one stream per job or per queue to spread them.
+//!
 //! # Redrive
 //!
 //! [`redrive`](RedisDeadLetters::redrive) reads a letter, hands it to a closure that runs the job
@@ -39,8 +46,8 @@
 
 use super::{DeadLetter, DeadLetterSink, SinkFuture};
 use crate::Error;
+use crate::store::redis::{RedisConnection, RedisStore};
 use ::redis::Value;
-use ::redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::future::Future;
@@ -62,7 +69,7 @@ type Entries = Vec<(String, Option<Vec<u8>>)>;
 /// Dead letters in a Redis Stream. `Clone` shares the connection.
 #[derive(Clone)]
 pub struct RedisDeadLetters {
-    connection: ConnectionManager,
+    connection: RedisConnection,
     stream: Arc<str>,
     max_len: usize,
 }
@@ -152,30 +159,50 @@ impl RedisDeadLetters {
     pub const DEFAULT_MAX_LEN: usize = 10_000;
 
     /// Connects to the server at `url` (`redis://[user:password@]host[:port][/db]`, or
-    /// `rediss://` for TLS) with the timeouts of
-    /// [`RedisStore::default_config`](crate::store::redis::RedisStore::default_config), and
-    /// keeps letters in the stream `stream_key`.
+    /// `rediss://` for TLS) with the timeouts of [`RedisStore::default_config`], and keeps
+    /// letters in the stream `stream_key`.
     ///
     /// A malformed URL or an unreachable server is [`Error::Store`].
     pub async fn connect(url: &str, stream_key: impl Into<String>) -> Result<Self, Error> {
-        let client = ::redis::Client::open(url)
-            .map_err(|e| Error::Store(format!("invalid Redis URL: {e}")))?;
-        if url.starts_with("rediss://") {
-            install_crypto_provider();
-        }
-        let config = crate::store::redis::RedisStore::default_config();
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| Error::Store(format!("cannot connect to Redis: {e}")))?;
+        let connection = RedisConnection::connect(url, RedisStore::default_config()).await?;
         Ok(Self::new(connection, stream_key))
     }
 
-    /// Letters in the stream `stream_key`, on a connection manager the caller built (for
-    /// example [`RedisStore::manager`](crate::store::redis::RedisStore::manager), to share one
-    /// connection with the idempotency store).
-    pub fn new(connection: ConnectionManager, stream_key: impl Into<String>) -> Self {
+    /// Connects to a Redis Cluster through its seed `nodes` with the settings of
+    /// [`RedisStore::cluster_builder`], and keeps letters in the stream `stream_key`.
+    ///
+    /// A stream is one key, so it lives in one slot on one master: every letter goes to that
+    /// node, and while it is down (until its replica is promoted) [`add`](Self::add) and the
+    /// others fail with [`Error::Store`]. Spread letters over the masters with one stream per
+    /// job or per queue, if need be.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), jobguard::Error> {
+    /// use jobguard::RedisDeadLetters;
+    ///
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"];
+    /// let letters = RedisDeadLetters::connect_cluster(&nodes, "jobguard:dead_letters").await?;
+    /// # drop(letters);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// No seed node, a malformed URL, or no reachable node is [`Error::Store`].
+    pub async fn connect_cluster<I>(nodes: I, stream_key: impl Into<String>) -> Result<Self, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let connection =
+            RedisConnection::connect_cluster(RedisStore::cluster_builder(nodes)).await?;
+        Ok(Self::new(connection, stream_key))
+    }
+
+    /// Letters in the stream `stream_key`, on a connection the caller built: a connection
+    /// manager, a cluster connection, or a store's
+    /// [`RedisStore::connection`] to share one connection with the idempotency store.
+    pub fn new(connection: impl Into<RedisConnection>, stream_key: impl Into<String>) -> Self {
         RedisDeadLetters {
-            connection,
+            connection: connection.into(),
             stream: stream_key.into().into(),
             max_len: Self::DEFAULT_MAX_LEN,
         }
@@ -396,15 +423,6 @@ fn parse_range(reply: Value) -> Result<Entries, String> {
             Ok((id, letter))
         })
         .collect()
-}
-
-/// Installs rustls' `ring` provider as the process default unless one is installed already, so
-/// that a `rediss://` handshake finds a provider whatever else the build enabled.
-fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race with another installer is fine: some provider is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 #[cfg(test)]

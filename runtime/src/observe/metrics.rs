@@ -12,6 +12,8 @@
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
+//! | `jobguard_store_evictions_total` | counter | `store` | a bounded store gives up completed records before their TTL, by the number given up |
+//! | `jobguard_store_bytes` | gauge | `store` | the bytes [`MemoryStore`](crate::MemoryStore)s hold, summed: set by [`MemoryStore::stats`](crate::MemoryStore::stats), and once a second at most by a store that gives records up |
 //!
 //! The names already end in `_total`, so an exporter that appends the suffix to counters (the
 //! Prometheus exporter's `with_recommended_naming(true)`) leaves them as they are.
@@ -30,9 +32,9 @@
 //! an event for a known job allocates nothing. Values beyond that bound are still recorded, at
 //! the cost of an allocation per event.
 
-use crate::BreakerState;
-use crate::dead_letter::DeadLetter;
 use crate::observe::Event;
+use crate::record::BreakerState;
+use crate::record::DeadLetter;
 use ::metrics::{Key, Label, Level, Metadata};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -54,6 +56,12 @@ pub const BREAKER_TRANSITIONS: &str = "jobguard_breaker_transitions_total";
 pub const BREAKER_STATE: &str = "jobguard_breaker_state";
 /// `jobguard_dead_letters_dropped_total{sink}`: letters a bounded sink dropped at capacity.
 pub const DEAD_LETTERS_DROPPED: &str = "jobguard_dead_letters_dropped_total";
+
+/// `jobguard_store_evictions_total{store}`: completed records a bounded store gave up before
+/// their TTL.
+pub const STORE_EVICTIONS: &str = "jobguard_store_evictions_total";
+/// `jobguard_store_bytes{store}`: the memory an in-process store holds, in bytes.
+pub const STORE_BYTES: &str = "jobguard_store_bytes";
 
 /// The most distinct values of one label (`job`, `breaker`) kept interned.
 pub const MAX_INTERNED: usize = 1024;
@@ -85,6 +93,11 @@ pub fn describe() {
         DEAD_LETTERS_DROPPED,
         "Dead letters dropped by a bounded sink at capacity."
     );
+    describe_counter!(
+        STORE_EVICTIONS,
+        "Completed records a bounded store gave up before their TTL to make room."
+    );
+    describe_gauge!(STORE_BYTES, "Bytes held by in-process idempotency stores.");
 }
 
 /// The gauge value of a breaker state.
@@ -148,6 +161,7 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
         Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),
+        Event::Evicted { store, records, .. } => store_evicted(store, records),
         _ => {}
     }
 }
@@ -157,6 +171,26 @@ pub(crate) fn record(event: &Event<'_>) {
 pub(crate) fn dead_letter_dropped(sink: &'static str) {
     let key = Key::from_parts(DEAD_LETTERS_DROPPED, vec![Label::new("sink", sink)]);
     ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+}
+
+/// The `store` label of [`MemoryStore`](crate::MemoryStore)'s metrics.
+static MEMORY_STORE: [Label; 1] = [Label::from_static_parts("store", "memory")];
+
+fn store_evicted(store: &str, records: u64) {
+    let key = match store {
+        "memory" => Key::from_static_labels(STORE_EVICTIONS, &MEMORY_STORE),
+        other => Key::from_parts(STORE_EVICTIONS, vec![Label::new("store", other.to_owned())]),
+    };
+    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(records));
+}
+
+/// Moves a store's bytes gauge by `delta`.
+pub(crate) fn store_bytes_changed(store: &'static str, delta: f64) {
+    let key = match store {
+        "memory" => Key::from_static_labels(STORE_BYTES, &MEMORY_STORE),
+        other => Key::from_parts(STORE_BYTES, vec![Label::new("store", other)]),
+    };
+    ::metrics::with_recorder(|r| r.register_gauge(&key, &METADATA).increment(delta));
 }
 
 #[cold]

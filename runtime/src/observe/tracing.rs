@@ -25,8 +25,8 @@
 //! Without a subscriber, or with one that filters `jobguard` out, none of this allocates. A
 //! process that never set a subscriber still sees the error reports: they go to stderr.
 
-use crate::BreakerState;
 use crate::observe::Event;
+use crate::record::BreakerState;
 use ::tracing::span::Entered;
 use ::tracing::{Level, Span, debug, info, warn};
 

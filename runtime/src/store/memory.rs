@@ -1,24 +1,71 @@
 //! The in-memory store: the embedded default, for one process.
+//!
+//! # What it keeps, and for how long
+//!
+//! A [`MemoryStore`] keeps every live claim for its lease and every completed record for its TTL,
+//! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
+//! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
+//! allocated, each record's key, token and stored result as the allocator hands them out, and
+//! the entry that orders completed records by age. A small job (a 12-byte scope, a 20-byte key,
+//! a 60-byte result) costs about 300 bytes (330 with the table's headroom for growth), so the
+//! default bound holds about 800,000 of them; [`MemoryStore::stats`] says what it holds now.
+//!
+//! When a new record would not fit, the store drops expired records, then gives up the **oldest
+//! completed records first**, before their TTL. It never gives up a live claim, and never a
+//! record completed less than [`min_retention`](MemoryStoreBuilder::min_retention) ago (one hour
+//! by default): a redelivery within that window always replays. Each record given up is counted
+//! ([`MemoryStats::evicted`], [`Event::Evicted`](crate::Event::Evicted), the metric
+//! `jobguard_store_evictions_total`) and a warning is logged at most once a minute with the age of
+//! the records given up, so an operator sees that the TTL is not honoured, and why. Only when
+//! every record is a live claim or younger than `min_retention` does a new claim fail, closed,
+//! with [`Error::Store`].
+//!
+//! Expired records are dropped a few at a time, by the claims that add records: each drops up to
+//! four expired records from the old end of its shard's completion order and looks at one more
+//! bucket of its shard's table (a lapsed claim, a record with a shorter TTL than older ones), so
+//! no operation holds a lock for long, however many records expire at once. A claim that finds
+//! no room looks at up to 256 buckets before it gives up.
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
-use std::borrow::Borrow;
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use hashbrown::HashTable;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
 const SHARDS: usize = 16;
-/// The default bound: records (claims and completed results) kept at once.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// The default bound on the store's memory, in bytes: 256 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
+
+/// The default floor under which a completed record is never given up for room: one hour.
+pub const DEFAULT_MIN_RETENTION: Duration = Duration::from_secs(3600);
+
+/// Table buckets each claim that adds a record looks at for expired records.
+const SWEEP_STEP: usize = 1;
+/// Table buckets a claim looks at when its shard is out of room, before it fails.
+const SWEEP_MORE: usize = 256;
+/// Expired records at the old end of the completion order each claim drops at most.
+const EXPIRE_STEP: usize = 4;
+/// Records one operation gives up at most to make room for one record.
+const MAX_EVICTIONS: usize = 64;
+/// The bytes counted for each completed record's place in the order of completion: a B-tree
+/// entry of 24 bytes in nodes about half full, rounded up.
+const ORDER_ENTRY_BYTES: usize = 48;
+/// How often, at most, the store logs that it gives records up.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+/// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
+#[cfg(feature = "metrics")]
+const GAUGE_EVERY: Duration = Duration::from_secs(1);
 
 /// An idempotency store in this process's memory. `Clone` shares state.
 ///
-/// Sharded (16 locks, each held for a map operation only) and bounded. At capacity it first
-/// evicts expired records; it never evicts a live claim or a completed record before its TTL,
-/// and answers a claim it has no room for with [`Error::Store`] instead: a full store fails
-/// closed rather than forgetting that a job already ran. TTLs and leases read `tokio::time`.
+/// Sharded (16 locks, each held for a map operation and a bounded amount of upkeep) and bounded
+/// in bytes: see the [module docs](self) for what it keeps and for how long. TTLs and leases
+/// read `tokio::time`.
 ///
 /// It protects one process. Workers in several processes need a shared store such as
 /// `RedisStore`.
@@ -36,6 +83,7 @@ pub const DEFAULT_CAPACITY: usize = 100_000;
 /// assert!(matches!(store.claim(key, "t2", None, Duration::from_secs(30)).await?, Claim::InProgress { .. }));
 /// store.complete(key, "t1", b"{}", Duration::from_secs(60)).await?;
 /// assert_eq!(store.claim(key, "t3", None, Duration::from_secs(30)).await?, Claim::Completed(b"{}".to_vec()));
+/// assert_eq!(store.stats().records, 1);
 /// # Ok(())
 /// # }
 /// ```
@@ -44,153 +92,492 @@ pub struct MemoryStore {
     inner: Arc<Inner>,
 }
 
-type Map = HashMap<Id, Entry, BuildHasherDefault<PreHashed>>;
-type Shard = Mutex<Map>;
+/// Settings of a [`MemoryStore`], from [`MemoryStore::builder`].
+///
+/// ```
+/// use jobguard::MemoryStore;
+/// use std::time::Duration;
+///
+/// let store = MemoryStore::builder()
+///     .max_bytes(64 << 20)
+///     .min_retention(Duration::from_secs(10 * 60))
+///     .build();
+/// assert_eq!(store.stats().max_bytes, 64 << 20);
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStoreBuilder {
+    max_bytes: usize,
+    min_retention: Duration,
+    max_records: Option<usize>,
+}
+
+impl MemoryStoreBuilder {
+    /// The bound on the store's memory, in bytes (default [`DEFAULT_MAX_BYTES`]). Each of the 16
+    /// shards keeps a sixteenth of it.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// How long a completed record is kept at least, room or not (default
+    /// [`DEFAULT_MIN_RETENTION`]; a record's TTL still ends it sooner). A redelivery within it
+    /// always replays.
+    pub fn min_retention(mut self, floor: Duration) -> Self {
+        self.min_retention = floor;
+        self
+    }
+
+    /// A bound on the number of records as well (at least one per shard). None by default.
+    pub fn max_records(mut self, records: usize) -> Self {
+        self.max_records = Some(records);
+        self
+    }
+
+    /// The store.
+    pub fn build(self) -> MemoryStore {
+        let limits = Limits {
+            max_bytes: self.max_bytes.div_ceil(SHARDS),
+            max_records: self
+                .max_records
+                .map_or(usize::MAX, |n| n.div_ceil(SHARDS).max(1)),
+            min_retention: nanos(self.min_retention),
+        };
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+                hasher: RandomState::new(),
+                epoch: Instant::now(),
+                limits,
+                max_bytes: self.max_bytes,
+                evicted: AtomicU64::new(0),
+                expired: AtomicU64::new(0),
+                warned_at: AtomicU64::new(NEVER),
+                warned_evicted: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                gauge: AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                gauge_at: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// What a [`MemoryStore`] holds now, and what it dropped since it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Records kept: live claims and completed records, expired ones not yet dropped included.
+    pub records: usize,
+    /// Bytes counted against the bound (see the [module docs](self)).
+    pub bytes: usize,
+    /// The bound, in bytes.
+    pub max_bytes: usize,
+    /// Completed records given up before their TTL to make room.
+    pub evicted: u64,
+    /// Records dropped because their TTL or lease ran out.
+    pub expired: u64,
+}
+
+/// Per-shard bounds, and the floor, in the store's units.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_bytes: usize,
+    max_records: usize,
+    min_retention: u64,
+}
+
+const NEVER: u64 = u64::MAX;
 
 struct Inner {
-    shards: Box<[Shard]>,
-    per_shard: usize,
+    shards: Box<[Mutex<Shard>]>,
     /// Hashes each `(scope, key)` once per operation: the hash picks the shard and is the one
-    /// the shard's map files the record under (see [`PreHashed`]).
+    /// the shard's table files the record under.
     hasher: RandomState,
+    /// Times are kept as nanoseconds since this instant.
+    epoch: Instant,
+    limits: Limits,
+    max_bytes: usize,
+    evicted: AtomicU64,
+    expired: AtomicU64,
+    /// When the last warning about evictions was logged, or [`NEVER`].
+    warned_at: AtomicU64,
+    /// [`Inner::evicted`] as the last warning reported it.
+    warned_evicted: AtomicU64,
+    /// The bytes last added to the `metrics` gauge, and when evictions may next report them.
+    #[cfg(feature = "metrics")]
+    gauge: AtomicU64,
+    #[cfg(feature = "metrics")]
+    gauge_at: AtomicU64,
 }
 
-/// A record's `(scope, key)`, as the map keeps it: one allocation holding the scope then the key,
-/// the scope's length to split them again, and the hash computed from the pair.
-struct Id {
-    hash: u64,
-    scope_len: usize,
-    text: Box<str>,
-}
-
-/// An operation's `(scope, key)`, borrowed, with its hash: what a lookup probes the map with,
-/// so nothing is copied until a claim inserts a new record.
-struct Probe<'a> {
-    hash: u64,
-    key: StoreKey<'a>,
-}
-
-/// What an [`Id`] and a [`Probe`] have in common, so a map keyed by `Id` can be searched with a
-/// `Probe` (`Id: Borrow<dyn AsId>`). Two ids are equal when both their scopes and their keys
-/// are, so no two `(scope, key)` pairs share a record, whatever characters they contain.
-trait AsId {
-    fn pre_hash(&self) -> u64;
-    fn parts(&self) -> (&str, &str);
-}
-
-impl AsId for Id {
-    fn pre_hash(&self) -> u64 {
-        self.hash
-    }
-    fn parts(&self) -> (&str, &str) {
-        self.text.split_at(self.scope_len)
-    }
-}
-
-impl AsId for Probe<'_> {
-    fn pre_hash(&self) -> u64 {
-        self.hash
-    }
-    fn parts(&self) -> (&str, &str) {
-        (self.key.scope, self.key.key)
-    }
-}
-
-impl Probe<'_> {
-    fn as_id(&self) -> &dyn AsId {
-        self
-    }
-
-    fn to_id(&self) -> Id {
-        let mut text = String::with_capacity(self.key.scope.len() + self.key.key.len());
-        text.push_str(self.key.scope);
-        text.push_str(self.key.key);
-        Id {
-            hash: self.hash,
-            scope_len: self.key.scope.len(),
-            text: text.into_boxed_str(),
-        }
-    }
-}
-
-// `Id`'s `Hash` and `Eq` are those of `dyn AsId`, as `Borrow` requires.
-impl Hash for dyn AsId + '_ {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.pre_hash());
-    }
-}
-
-impl PartialEq for dyn AsId + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn AsId + '_ {}
-
-impl<'a> Borrow<dyn AsId + 'a> for Id {
-    fn borrow(&self) -> &(dyn AsId + 'a) {
-        self
-    }
-}
-
-impl Hash for Id {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-impl PartialEq for Id {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for Id {}
-
-/// The shards' hasher: an id hashes as the keyed hash [`Inner::hasher`] computed once for it, so
-/// a lookup, an insert or a resize never hashes the scope and key again.
+/// One shard: its records, and the completed ones in the order they completed.
 #[derive(Default)]
-struct PreHashed(u64);
-
-impl Hasher for PreHashed {
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-    fn write(&mut self, _: &[u8]) {
-        unreachable!("the map's keys hash as one u64")
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
+struct Shard {
+    table: HashTable<Record>,
+    /// Completed records, oldest first: completion stamp → where to find the record.
+    order: BTreeMap<u64, Done>,
+    /// The records' heap allocations, in bytes (see [`heap_bytes`]).
+    heap: usize,
+    /// The next bucket the expiry sweep looks at.
+    cursor: usize,
+    /// The last completion stamp handed out: stamps are unique and increasing.
+    last_stamp: u64,
 }
 
-struct Entry {
-    expires: Instant,
-    state: State,
-    fingerprint: Option<Box<str>>,
+/// A completed record's entry in [`Shard::order`].
+#[derive(Clone, Copy)]
+struct Done {
+    hash: u64,
+    expires: u64,
 }
 
-enum State {
-    Claimed { token: Box<str> },
-    Completed { record: Box<[u8]> },
+/// One `(scope, key)`'s record.
+struct Record {
+    hash: u64,
+    /// The scope, the key, then the fingerprint, in one allocation.
+    id: Box<str>,
+    scope_len: u32,
+    key_len: u32,
+    fingerprinted: bool,
+    completed: bool,
+    /// Nanoseconds since the epoch: the lease's end while claimed, the TTL's once completed.
+    expires: u64,
+    /// The completion stamp ([`Shard::order`]'s key) once completed.
+    stamp: u64,
+    /// The claim's token while claimed, the stored result once completed.
+    payload: Box<[u8]>,
 }
 
-impl Entry {
-    fn claimed(token: &str, fingerprint: Option<&str>, expires: Instant) -> Self {
-        Entry {
+impl Record {
+    fn claimed(
+        hash: u64,
+        key: StoreKey<'_>,
+        token: &str,
+        fingerprint: Option<&str>,
+        expires: u64,
+    ) -> Result<Self, Error> {
+        let too_long = || Error::Store("memory store: scope or key longer than 4 GiB".into());
+        let scope_len = u32::try_from(key.scope.len()).map_err(|_| too_long())?;
+        let key_len = u32::try_from(key.key.len()).map_err(|_| too_long())?;
+        let fp = fingerprint.unwrap_or("");
+        let mut id = String::with_capacity(key.scope.len() + key.key.len() + fp.len());
+        id.push_str(key.scope);
+        id.push_str(key.key);
+        id.push_str(fp);
+        Ok(Record {
+            hash,
+            id: id.into_boxed_str(),
+            scope_len,
+            key_len,
+            fingerprinted: fingerprint.is_some(),
+            completed: false,
             expires,
-            state: State::Claimed {
-                token: token.into(),
-            },
-            fingerprint: fingerprint.map(Box::from),
-        }
+            stamp: 0,
+            payload: token.as_bytes().into(),
+        })
+    }
+
+    fn is(&self, hash: u64, key: StoreKey<'_>) -> bool {
+        let (scope, rest) = self.id.split_at(self.scope_len as usize);
+        self.hash == hash && scope == key.scope && &rest[..self.key_len as usize] == key.key
+    }
+
+    fn fingerprint(&self) -> Option<&str> {
+        let at = self.scope_len as usize + self.key_len as usize;
+        self.fingerprinted.then(|| &self.id[at..])
     }
 
     /// `token` holds a live claim on this record.
-    fn held_by(&self, token: &str, now: Instant) -> bool {
-        matches!(&self.state, State::Claimed { token: t } if **t == *token) && self.expires > now
+    fn held_by(&self, token: &str, now: u64) -> bool {
+        !self.completed && *self.payload == *token.as_bytes() && self.expires > now
     }
+
+    fn heap(&self) -> usize {
+        heap_bytes(self.id.len()) + heap_bytes(self.payload.len())
+    }
+}
+
+/// What an allocation of `len` bytes takes from a malloc like glibc's: a word of header, rounded
+/// up to 16 bytes, 32 at least. Nothing for an empty one.
+fn heap_bytes(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        (len + 8).next_multiple_of(16).max(32)
+    }
+}
+
+/// One operation on a shard: its key, the key's hash, the time read once for it, the shard's
+/// bounds, and what it dropped.
+struct Op<'k> {
+    key: StoreKey<'k>,
+    hash: u64,
+    now: u64,
+    limits: Limits,
+    tally: Tally,
+}
+
+/// What one operation dropped, reported once its lock is released.
+#[derive(Default)]
+struct Tally {
+    evicted: u64,
+    expired: u64,
+    /// The ages of the youngest and the oldest record given up, in nanoseconds.
+    youngest: u64,
+    oldest: u64,
+}
+
+impl Tally {
+    fn evicted(&mut self, age: u64) {
+        if self.evicted == 0 {
+            (self.youngest, self.oldest) = (age, age);
+        }
+        self.youngest = self.youngest.min(age);
+        self.oldest = self.oldest.max(age);
+        self.evicted += 1;
+    }
+}
+
+impl Shard {
+    /// Bytes counted against the bound.
+    fn bytes(&self) -> usize {
+        self.table.allocation_size() + self.heap + self.order.len() * ORDER_ENTRY_BYTES
+    }
+
+    /// Whether the table doubles on the next insert: it has no room left, and too few of its
+    /// buckets hold tombstones for the table to be rehashed in place instead (hashbrown does
+    /// that when at most half its usable buckets are in use).
+    fn grows(&self) -> bool {
+        let (len, buckets) = (self.table.len(), self.table.num_buckets());
+        let usable = if buckets < 8 {
+            buckets.saturating_sub(1)
+        } else {
+            buckets / 8 * 7
+        };
+        len == self.table.capacity() && len + 1 > usable / 2
+    }
+
+    /// Whether a record of `heap` bytes fits (`adding`: as a new record, which may need the
+    /// table to grow), without giving anything up.
+    fn fits(&self, limits: &Limits, heap: usize, adding: bool) -> bool {
+        let mut table = self.table.allocation_size();
+        if adding {
+            if self.table.len() >= limits.max_records {
+                return false;
+            }
+            if self.grows() {
+                table = (2 * table).max(4 * (size_of::<Record>() + 1) + 16);
+            }
+        }
+        table + self.heap + heap + self.order.len() * ORDER_ENTRY_BYTES <= limits.max_bytes
+    }
+
+    /// Gives up completed records, oldest first and never one younger than the floor, until
+    /// `heap` more bytes fit. `false` when they cannot.
+    fn make_room(
+        &mut self,
+        limits: &Limits,
+        heap: usize,
+        adding: bool,
+        now: u64,
+        tally: &mut Tally,
+    ) -> bool {
+        for _ in 0..MAX_EVICTIONS {
+            if self.fits(limits, heap, adding) {
+                return true;
+            }
+            if !self.give_up_oldest(limits.min_retention, now, tally) {
+                return false;
+            }
+        }
+        self.fits(limits, heap, adding)
+    }
+
+    /// Drops the oldest completed record if it expired or is older than `floor`.
+    fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
+        let Some((&stamp, &done)) = self.order.first_key_value() else {
+            return false;
+        };
+        let expired = done.expires <= now;
+        let age = now.saturating_sub(stamp);
+        if !expired && age < floor {
+            return false;
+        }
+        self.order.pop_first();
+        self.remove_completed(done.hash, stamp);
+        if expired {
+            tally.expired += 1;
+        } else {
+            tally.evicted(age);
+        }
+        true
+    }
+
+    fn remove_completed(&mut self, hash: u64, stamp: u64) {
+        if let Ok(entry) = self
+            .table
+            .find_entry(hash, |r| r.completed && r.stamp == stamp)
+        {
+            let (record, _) = entry.remove();
+            self.heap -= record.heap();
+        }
+    }
+
+    /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order, then
+    /// looks at `buckets` buckets of the table for any other expired record (a lapsed claim, a
+    /// record with a shorter TTL than older ones).
+    fn expire_some(&mut self, buckets: usize, now: u64, tally: &mut Tally) {
+        for _ in 0..EXPIRE_STEP {
+            match self.order.first_key_value() {
+                Some((_, done)) if done.expires <= now => {
+                    self.give_up_oldest(u64::MAX, now, tally);
+                }
+                _ => break,
+            }
+        }
+        let n = self.table.num_buckets();
+        if n == 0 {
+            return;
+        }
+        for _ in 0..buckets.min(n) {
+            self.cursor = (self.cursor + 1) & (n - 1);
+            if let Ok(entry) = self.table.get_bucket_entry(self.cursor)
+                && entry.get().expires <= now
+            {
+                let (record, _) = entry.remove();
+                self.heap -= record.heap();
+                if record.completed {
+                    self.order.remove(&record.stamp);
+                }
+                tally.expired += 1;
+            }
+        }
+    }
+
+    fn claim(
+        &mut self,
+        op: &mut Op<'_>,
+        token: &str,
+        fingerprint: Option<&str>,
+        expires: u64,
+    ) -> Result<Claim, Error> {
+        let (key, hash, now, limits) = (op.key, op.hash, op.now, &op.limits);
+        let tally = &mut op.tally;
+        if let Some(record) = self.table.find_mut(hash, |r| r.is(hash, key)) {
+            if record.expires > now {
+                if let (Some(theirs), Some(ours)) = (record.fingerprint(), fingerprint)
+                    && theirs != ours
+                {
+                    return Ok(Claim::KeyReused);
+                }
+                return Ok(if record.completed {
+                    Claim::Completed(record.payload.to_vec())
+                } else {
+                    Claim::InProgress {
+                        retry_in: Duration::from_nanos(record.expires - now),
+                    }
+                });
+            }
+            // Expired: the key is free again, and the new claim takes the record's place.
+            let fresh = Record::claimed(hash, key, token, fingerprint, expires)?;
+            let old = std::mem::replace(record, fresh);
+            self.heap = self.heap + record.heap() - old.heap();
+            if old.completed {
+                self.order.remove(&old.stamp);
+            }
+            tally.expired += 1;
+            return Ok(Claim::Acquired);
+        }
+        self.expire_some(SWEEP_STEP, now, tally);
+        let record = Record::claimed(hash, key, token, fingerprint, expires)?;
+        let heap = record.heap();
+        if !self.make_room(limits, heap, true, now, tally) {
+            self.expire_some(SWEEP_MORE, now, tally);
+            if !self.make_room(limits, heap, true, now, tally) {
+                return Err(self.full(limits, now));
+            }
+        }
+        self.heap += heap;
+        self.table.insert_unique(hash, record, |r| r.hash);
+        Ok(Claim::Acquired)
+    }
+
+    /// The refusal of a claim this shard has no room for, in words.
+    #[cold]
+    fn full(&self, limits: &Limits, now: u64) -> Error {
+        let claims = self
+            .table
+            .iter()
+            .filter(|r| !r.completed && r.expires > now)
+            .count();
+        Error::Store(format!(
+            "memory store full: a shard's {} records ({claims} live claims, the rest completed \
+             less than min_retention {:?} ago) fill its {} of {} bytes; nothing can be given up \
+             without forgetting a job that may still be redelivered. Raise \
+             MemoryStore::builder().max_bytes, lower min_retention, or use a shared store",
+            self.table.len(),
+            Duration::from_nanos(limits.min_retention),
+            self.bytes(),
+            limits.max_bytes,
+        ))
+    }
+
+    fn complete(
+        &mut self,
+        op: &mut Op<'_>,
+        token: &str,
+        result: &[u8],
+        expires: u64,
+    ) -> Result<(), Error> {
+        let (key, hash, now, limits) = (op.key, op.hash, op.now, &op.limits);
+        let tally = &mut op.tally;
+        let stamp = now.max(self.last_stamp + 1);
+        let record = self
+            .table
+            .find_mut(hash, |r| r.is(hash, key))
+            .filter(|r| r.held_by(token, now))
+            .ok_or(Error::LeaseLost)?;
+        let before = record.heap();
+        record.payload = result.into();
+        record.completed = true;
+        record.expires = expires;
+        record.stamp = stamp;
+        self.heap = self.heap + record.heap() - before;
+        self.last_stamp = stamp;
+        self.order.insert(stamp, Done { hash, expires });
+        // The result is kept whatever the room; older records make room for it if they can.
+        while !self.fits(limits, 0, false)
+            && self
+                .order
+                .first_key_value()
+                .is_some_and(|(&s, _)| s != stamp)
+            && self.give_up_oldest(limits.min_retention, now, tally)
+        {}
+        Ok(())
+    }
+
+    fn renew(&mut self, op: &Op<'_>, token: &str, expires: u64) -> Result<(), Error> {
+        let record = self
+            .table
+            .find_mut(op.hash, |r| r.is(op.hash, op.key))
+            .filter(|r| r.held_by(token, op.now))
+            .ok_or(Error::LeaseLost)?;
+        record.expires = expires;
+        Ok(())
+    }
+
+    fn release(&mut self, op: &Op<'_>, token: &str) {
+        if let Ok(entry) = self.table.find_entry(op.hash, |r| {
+            r.is(op.hash, op.key) && r.held_by(token, op.now)
+        }) {
+            let (record, _) = entry.remove();
+            self.heap -= record.heap();
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Default for MemoryStore {
@@ -202,37 +589,40 @@ impl Default for MemoryStore {
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("capacity", &self.capacity())
+            .field("max_bytes", &self.inner.max_bytes)
+            .field(
+                "min_retention",
+                &Duration::from_nanos(self.inner.limits.min_retention),
+            )
             .finish_non_exhaustive()
     }
 }
 
 impl MemoryStore {
-    /// A store holding up to [`DEFAULT_CAPACITY`] records.
+    /// A store with the default bound ([`DEFAULT_MAX_BYTES`]) and floor
+    /// ([`DEFAULT_MIN_RETENTION`]).
     pub fn new() -> Self {
-        Self::with_capacity(DEFAULT_CAPACITY)
+        Self::builder().build()
     }
 
-    /// A store holding up to `capacity` records (at least one per shard).
-    pub fn with_capacity(capacity: usize) -> Self {
-        let per_shard = capacity.div_ceil(SHARDS).max(1);
-        MemoryStore {
-            inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
-                per_shard,
-                hasher: RandomState::new(),
-            }),
+    /// Settings for a store: its bound in bytes, its floor, a bound on records.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_bytes: DEFAULT_MAX_BYTES,
+            min_retention: DEFAULT_MIN_RETENTION,
+            max_records: None,
         }
     }
 
-    /// The most records kept at once.
-    pub fn capacity(&self) -> usize {
-        self.inner.per_shard * SHARDS
+    /// A store with the default bound in bytes that also keeps at most `capacity` records (at
+    /// least one per shard).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self::builder().max_records(capacity).build()
     }
 
-    /// Records kept now, expired ones not yet evicted included.
+    /// Records kept now, expired ones not yet dropped included.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
     }
 
     /// `true` when no record is kept.
@@ -240,28 +630,47 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// What the store holds now, and what it dropped since it was made. With the `metrics`
+    /// feature, this also sets the store's share of the `jobguard_store_bytes` gauge (which a
+    /// store giving records up sets by itself, once a second at most): call it where the
+    /// process's metrics are scraped for a current figure.
+    pub fn stats(&self) -> MemoryStats {
+        self.inner.stats()
+    }
+
     /// The completed record for `key`, if there is a live one: what a replay would return.
     pub fn completed(&self, key: StoreKey<'_>) -> Option<Vec<u8>> {
-        let now = Instant::now();
-        let (probe, shard) = self.locate(key);
+        let now = self.inner.now();
+        let (hash, shard) = self.locate(key);
         let shard = lock(shard);
-        match shard.get(probe.as_id()) {
-            Some(Entry {
-                state: State::Completed { record },
-                expires,
-                ..
-            }) if *expires > now => Some(record.to_vec()),
-            _ => None,
-        }
+        shard
+            .table
+            .find(hash, |r| r.is(hash, key))
+            .filter(|r| r.completed && r.expires > now)
+            .map(|r| r.payload.to_vec())
     }
 
     /// `key`'s hash, computed once, and its shard. The shard is picked by bits 32–35 of the
-    /// hash, which the shard's map leaves alone (it places a record by the low bits and tags it
-    /// with the top seven), so the records of one shard still spread over its whole table.
-    fn locate<'k>(&self, key: StoreKey<'k>) -> (Probe<'k>, &Shard) {
+    /// hash, which the shard's table leaves alone (it places a record by the low bits and tags
+    /// it with the top seven), so the records of one shard still spread over its whole table.
+    fn locate(&self, key: StoreKey<'_>) -> (u64, &Mutex<Shard>) {
         let hash = self.inner.hasher.hash_one(key);
-        let shard = &self.inner.shards[(hash >> 32) as usize % SHARDS];
-        (Probe { hash, key }, shard)
+        (hash, &self.inner.shards[(hash >> 32) as usize % SHARDS])
+    }
+
+    /// Runs `f` on `key`'s shard with the time read once, then reports what it dropped.
+    fn with_shard<R>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Shard, &mut Op<'_>) -> R) -> R {
+        let (hash, shard) = self.locate(key);
+        let mut op = Op {
+            key,
+            hash,
+            now: self.inner.now(),
+            limits: self.inner.limits,
+            tally: Tally::default(),
+        };
+        let out = f(&mut lock(shard), &mut op);
+        self.inner.report(&op.tally, op.now);
+        out
     }
 
     fn claim_now(
@@ -271,77 +680,118 @@ impl MemoryStore {
         fingerprint: Option<&str>,
         lease: Duration,
     ) -> Result<Claim, Error> {
-        let now = Instant::now();
-        let (probe, shard) = self.locate(key);
-        let mut shard = lock(shard);
-        if let Some(entry) = shard.get_mut(probe.as_id()) {
-            if entry.expires > now {
-                if let (Some(theirs), Some(ours)) = (&entry.fingerprint, fingerprint)
-                    && **theirs != *ours
-                {
-                    return Ok(Claim::KeyReused);
-                }
-                return Ok(match &entry.state {
-                    State::Completed { record } => Claim::Completed(record.to_vec()),
-                    State::Claimed { .. } => Claim::InProgress {
-                        retry_in: entry.expires - now,
-                    },
-                });
-            }
-            // Expired: the key is free again. The new claim takes the record's place (and keeps
-            // its id), so it needs no room.
-            *entry = Entry::claimed(token, fingerprint, now + lease);
-            return Ok(Claim::Acquired);
-        }
-        if shard.len() >= self.inner.per_shard {
-            shard.retain(|_, e| e.expires > now);
-            if shard.len() >= self.inner.per_shard {
-                return Err(Error::Store(format!(
-                    "memory store full: {} live records; raise MemoryStore::with_capacity or shorten the ttl",
-                    self.capacity()
-                )));
-            }
-        }
-        // A second probe of the table, with the hash already computed.
-        shard.insert(
-            probe.to_id(),
-            Entry::claimed(token, fingerprint, now + lease),
-        );
-        Ok(Claim::Acquired)
+        self.with_shard(key, |shard, op| {
+            let expires = op.now.saturating_add(nanos(lease));
+            shard.claim(op, token, fingerprint, expires)
+        })
     }
+}
 
-    /// Runs `f` on `key`'s record, with the time read once for the operation, if `token` holds a
-    /// live claim on it.
-    fn with_claim<R>(
-        &self,
-        key: StoreKey<'_>,
-        token: &str,
-        f: impl FnOnce(&mut Entry, Instant) -> R,
-    ) -> Option<R> {
-        let now = Instant::now();
-        let (probe, shard) = self.locate(key);
-        let mut shard = lock(shard);
-        match shard.get_mut(probe.as_id()) {
-            Some(entry) if entry.held_by(token, now) => Some(f(entry, now)),
-            _ => None,
-        }
-    }
-
-    fn release_now(&self, key: StoreKey<'_>, token: &str) {
-        let now = Instant::now();
-        let (probe, shard) = self.locate(key);
-        let mut shard = lock(shard);
-        if shard
-            .get(probe.as_id())
-            .is_some_and(|e| e.held_by(token, now))
+impl Inner {
+    fn stats(&self) -> MemoryStats {
+        let (records, bytes) = self.shards.iter().fold((0, 0), |(r, b), s| {
+            let s = lock(s);
+            (r + s.table.len(), b + s.bytes())
+        });
+        #[cfg(feature = "metrics")]
         {
-            shard.remove(probe.as_id());
+            let before = self.gauge.swap(bytes as u64, Ordering::Relaxed);
+            if before != bytes as u64 {
+                let delta = bytes as f64 - before as f64;
+                crate::observe::metrics::store_bytes_changed("memory", delta);
+            }
+        }
+        MemoryStats {
+            records,
+            bytes,
+            max_bytes: self.max_bytes,
+            evicted: self.evicted.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.epoch))
+    }
+
+    /// Counts what one operation dropped: expirations quietly, evictions out loud.
+    #[inline]
+    fn report(&self, tally: &Tally, now: u64) {
+        if tally.expired > 0 {
+            self.expired.fetch_add(tally.expired, Ordering::Relaxed);
+        }
+        if tally.evicted > 0 {
+            self.report_evictions(tally, now);
+        }
+    }
+
+    /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
+    #[cfg(feature = "metrics")]
+    fn report_size(&self, now: u64) {
+        let due = self.gauge_at.load(Ordering::Relaxed);
+        if now >= due
+            && self
+                .gauge_at
+                .compare_exchange(
+                    due,
+                    now.saturating_add(nanos(GAUGE_EVERY)),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.stats();
+        }
+    }
+
+    fn report_evictions(&self, tally: &Tally, now: u64) {
+        let total = self.evicted.fetch_add(tally.evicted, Ordering::Relaxed) + tally.evicted;
+        let (youngest, oldest) = (
+            Duration::from_nanos(tally.youngest),
+            Duration::from_nanos(tally.oldest),
+        );
+        let event = crate::Event::Evicted {
+            store: "memory",
+            records: tally.evicted,
+            youngest,
+            oldest,
+        };
+        crate::observe::emit_unowned(&event);
+        #[cfg(feature = "metrics")]
+        self.report_size(now);
+        let last = self.warned_at.load(Ordering::Relaxed);
+        let due = last == NEVER || now >= last.saturating_add(nanos(WARN_EVERY));
+        if due
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let since = total - self.warned_evicted.swap(total, Ordering::Relaxed);
+            crate::observe::log_warn(format_args!(
+                "jobguard: MemoryStore at its bound of {} bytes gave up {since} completed \
+                 record(s) before their TTL (the latest {youngest:?} to {oldest:?} old; {total} \
+                 in all) to make room: a redelivery of those jobs would run them again. Raise \
+                 max_bytes or use a shared store",
+                self.max_bytes,
+            ));
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let reported = *self.gauge.get_mut();
+        if reported > 0 {
+            crate::observe::metrics::store_bytes_changed("memory", -(reported as f64));
         }
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is one map operation; a panic inside one cannot leave it half-done.
+    // A panic inside a critical section cannot leave a shard inconsistent in a way that matters
+    // more than losing it would: its records stay valid records.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -368,17 +818,15 @@ impl Store for MemoryStore {
         record: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_claim(key, token, |entry, now| {
-            entry.state = State::Completed {
-                record: record.into(),
-            };
-            entry.expires = now + ttl;
+        let done = self.with_shard(key, |shard, op| {
+            let expires = op.now.saturating_add(nanos(ttl));
+            shard.complete(op, token, record, expires)
         });
-        Box::pin(std::future::ready(done.ok_or(Error::LeaseLost)))
+        Box::pin(std::future::ready(done))
     }
 
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        self.release_now(key, token);
+        self.with_shard(key, |shard, op| shard.release(op, token));
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -388,8 +836,11 @@ impl Store for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_claim(key, token, |entry, now| entry.expires = now + lease);
-        Box::pin(std::future::ready(done.ok_or(Error::LeaseLost)))
+        let done = self.with_shard(key, |shard, op| {
+            let expires = op.now.saturating_add(nanos(lease));
+            shard.renew(op, token, expires)
+        });
+        Box::pin(std::future::ready(done))
     }
 }
 
@@ -548,5 +999,149 @@ mod tests {
         s.release(K, "b").await.unwrap();
         assert!(s.is_empty());
         assert_eq!(claim(&s, K, "d"), Claim::Acquired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fingerprint_survives_completion_and_a_reclaim_replaces_it() {
+        let s = MemoryStore::new();
+        assert_eq!(
+            s.claim_now(K, "a", Some("f1"), LEASE).unwrap(),
+            Claim::Acquired
+        );
+        s.complete(K, "a", b"r", Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.claim_now(K, "b", Some("f2"), LEASE).unwrap(),
+            Claim::KeyReused
+        );
+        assert_eq!(
+            s.claim_now(K, "b", None, LEASE).unwrap(),
+            Claim::Completed(b"r".to_vec())
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(
+            s.claim_now(K, "c", Some("f2"), LEASE).unwrap(),
+            Claim::Acquired
+        );
+        assert!(matches!(
+            s.claim_now(K, "d", Some("f2"), LEASE).unwrap(),
+            Claim::InProgress { .. }
+        ));
+        assert_eq!(
+            s.claim_now(K, "d", Some("f1"), LEASE).unwrap(),
+            Claim::KeyReused
+        );
+    }
+
+    /// Claims and completes `n` keys `{prefix}{i}` with `ttl`.
+    async fn fill(s: &MemoryStore, prefix: &str, n: usize, ttl: Duration) {
+        for i in 0..n {
+            let key = format!("{prefix}{i}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            assert_eq!(claim(s, k, "t"), Claim::Acquired, "{key}");
+            s.complete(k, "t", &[7; 100], ttl).await.unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_oldest_completed_records_go_first_and_only_past_the_floor() {
+        let floor = Duration::from_secs(60);
+        let s = MemoryStore::builder()
+            .max_bytes(SHARDS * 8 * 1024)
+            .min_retention(floor)
+            .build();
+        let ttl = Duration::from_secs(24 * 3600);
+        fill(&s, "old", 120, ttl).await;
+        assert_eq!(s.stats().evicted, 0);
+        // (Completion stamps are unique: records completed at one instant are a nanosecond apart.)
+        tokio::time::advance(floor + Duration::from_millis(1)).await;
+        // Past the floor, the old records make room for new ones, until only young ones are left:
+        // then a new claim fails closed, in words.
+        let mut done = Vec::new();
+        let refused = loop {
+            let key = format!("new{}", done.len());
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            match s.claim_now(k, "t", None, LEASE) {
+                Ok(Claim::Acquired) => s.complete(k, "t", &[7; 100], ttl).await.unwrap(),
+                Err(e) => break e,
+                Ok(other) => panic!("{other:?}"),
+            }
+            done.push(key);
+            assert!(done.len() < 10_000, "never refused: {:?}", s.stats());
+        };
+        let Error::Store(words) = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(words.contains("min_retention"), "{words}");
+        let stats = s.stats();
+        assert!(stats.evicted > 0, "{stats:?}");
+        for key in &done {
+            let k = StoreKey { scope: "s", key };
+            assert!(
+                s.completed(k).is_some(),
+                "{key}: younger than the floor, kept"
+            );
+        }
+        let old_kept = (0..120)
+            .filter(|i| {
+                let key = format!("old{i}");
+                s.completed(StoreKey {
+                    scope: "s",
+                    key: &key,
+                })
+                .is_some()
+            })
+            .count();
+        assert_eq!(old_kept as u64, 120 - stats.evicted, "{stats:?}");
+        // A claim of a completed key still replays.
+        assert_eq!(
+            claim(
+                &s,
+                StoreKey {
+                    scope: "s",
+                    key: &done[0]
+                },
+                "u"
+            ),
+            Claim::Completed(vec![7; 100])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_dropped_a_few_at_a_time() {
+        let s = MemoryStore::new();
+        fill(&s, "a", 2_000, Duration::from_secs(1)).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut claims = 0;
+        while s.len() > 100 {
+            let key = format!("b{claims}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            let before = s.len();
+            assert_eq!(claim(&s, k, "t"), Claim::Acquired);
+            s.release(k, "t").await.unwrap();
+            assert!(before - s.len() <= EXPIRE_STEP + SWEEP_STEP, "bounded work");
+            claims += 1;
+        }
+        assert!(s.stats().expired >= 1_900);
+        assert!(claims > 2_000 / (EXPIRE_STEP + SWEEP_STEP));
+    }
+
+    #[test]
+    fn heap_bytes_rounds_like_malloc() {
+        assert_eq!(heap_bytes(0), 0);
+        assert_eq!(heap_bytes(1), 32);
+        assert_eq!(heap_bytes(24), 32);
+        assert_eq!(heap_bytes(25), 48);
+        assert_eq!(size_of::<Record>(), 72);
     }
 }

@@ -73,7 +73,7 @@
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
-use crate::idempotent::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
+use crate::idempotency::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres, Row};

@@ -48,8 +48,8 @@
 //! # Semantics
 //!
 //! Every operation is one Lua script (`EVALSHA`, loading the script on `NOSCRIPT`), so one round
-//! trip, and every script touches exactly one key, passed as `KEYS[1]`: the store is safe on Redis
-//! Cluster.
+//! trip, and every script touches exactly one key, passed as `KEYS[1]`: on a Redis Cluster each
+//! script runs whole on the master of its key's slot (see [below](self#redis-cluster)).
 //!
 //! * [`claim`](Store::claim): a free key is claimed for the lease (`PEXPIRE`) and found
 //!   [`Acquired`](Claim::Acquired); a completed one gives its record; a claimed one gives
@@ -62,16 +62,117 @@
 //! * A server that cannot be reached gives [`Error::Store`] (so the job does
 //!   not run: fail closed). The connection manager reconnects in the background, so the same
 //!   store works again once the server is back.
+//!
+//! # Redis Cluster
+//!
+//! [`RedisStore::connect_cluster`] takes seed nodes and uses the `redis` crate's cluster
+//! connection, with the same scripts, records, semantics and errors:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), jobguard::Error> {
+//! use jobguard::store::redis::RedisStore;
+//!
+//! let nodes = ["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"];
+//! let store = RedisStore::connect_cluster(&nodes).await?;
+//! # drop(store);
+//! # Ok(()) }
+//! ```
+//!
+//! * No hash tag is added to the keys: each key hashes to its own slot, so keys spread over the
+//!   slots and the masters, and each claim is atomic on the master that holds its key. (A `{...}`
+//!   that a scope or a key itself contains acts as a hash tag, as Redis defines it.)
+//! * `MOVED` and `ASK` during a slot migration are followed by the connection, and a script that
+//!   the new node lacks is loaded on `NOSCRIPT`: callers see nothing of a resharding.
+//! * While a master is down, calls on its slots fail closed with [`Error::Store`] after a few
+//!   quick retries (and once the other nodes mark it failed, the whole cluster refuses commands
+//!   until its replica is promoted, unless `cluster-require-full-coverage` is `no`). After the
+//!   promotion the connection finds the new master, and the same store works again.
+//! * Replication is asynchronous, as everywhere in Redis: a claim or a result that a master
+//!   acknowledged in the instant before it died may not have reached its replica, and is then
+//!   lost in the failover (so that key can run again).
+//! # `maxmemory`
+//!
+//! A Redis server with a `maxmemory` limit evicts keys by its `maxmemory-policy` when it reaches
+//! the limit. A claim evicted while its job runs lets a redelivery run the job a second time;
+//! a completed record evicted before its TTL lets a redelivery run it again too. Every key this
+//! store writes carries an expiry (the lease, then the TTL), so:
+//!
+//! | policy | what it does to jobguard's keys |
+//! |---|---|
+//! | `noeviction` | **safe**: nothing is evicted; at the limit, writes fail, so a new claim fails closed with [`Error::Store`] and the job does not run. Replays keep working. |
+//! | no `maxmemory` (`0`, the default) | **safe**: nothing is evicted; the server grows. |
+//! | `volatile-ttl` | **not safe for claims**: it evicts the keys nearest their expiry first, and a live claim (a lease of seconds) is nearer than any completed record (a TTL of hours). |
+//! | `volatile-lru`, `volatile-lfu`, `volatile-random` | **not safe**: any key with an expiry, which is every jobguard key. |
+//! | `allkeys-lru`, `allkeys-lfu`, `allkeys-random` | **not safe**: any key at all. |
+//!
+//! So give the store a server (not only a database: the limit and the policy are per server)
+//! with `maxmemory-policy noeviction`, sized for the jobs of one TTL, and keep caches elsewhere.
+//! [`RedisStore::connect`] asks the server (`CONFIG GET maxmemory*`) and logs a warning, once
+//! per process, when its settings can evict claims; it stays quiet when `CONFIG` is disabled.
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::classify::{Transient, Verdict};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+/// Logs a warning, once per process, when the server may evict keys to stay under `maxmemory`
+/// (see [`eviction_risk`]). Says nothing when it cannot tell: `CONFIG` is often disabled or
+/// renamed on managed servers.
+async fn warn_if_claims_can_be_evicted(connection: &mut RedisConnection) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.load(Ordering::Relaxed) {
+        return;
+    }
+    let config: Result<HashMap<String, String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(connection)
+        .await;
+    let Ok(config) = config else { return };
+    let maxmemory = config.get("maxmemory").map_or("0", String::as_str);
+    let policy = config.get("maxmemory-policy").map_or("", String::as_str);
+    if let Some(risk) = eviction_risk(maxmemory, policy)
+        && !WARNED.swap(true, Ordering::Relaxed)
+    {
+        crate::observe::log_warn(format_args!(
+            "jobguard: this Redis server has maxmemory {maxmemory} and maxmemory-policy {policy}: \
+             {risk}. A claim evicted while its job runs lets a redelivery run the job again; \
+             give jobguard a server of its own with maxmemory-policy noeviction, where \
+             a full server refuses new claims instead"
+        ));
+    }
+}
+
+/// What the server's eviction settings can do to jobguard's keys, or `None` when they cannot
+/// evict them: no `maxmemory` (`0`), or `noeviction`. Every key jobguard writes has an expiry,
+/// so the `volatile-*` policies can pick them as well as the `allkeys-*` ones; `volatile-ttl`
+/// picks the keys nearest their expiry first, which are the claims (a lease of seconds) before
+/// the completed records (a TTL of hours).
+pub(crate) fn eviction_risk(maxmemory: &str, policy: &str) -> Option<&'static str> {
+    if maxmemory.trim() == "0" || policy == "noeviction" {
+        return None;
+    }
+    Some(match policy {
+        p if p.starts_with("allkeys-") => "it may evict any key, live claims included",
+        "volatile-ttl" => {
+            "it evicts the keys nearest their expiry first, and a live claim (a lease of \
+             seconds) is nearer than a completed record"
+        }
+        p if p.starts_with("volatile-") => {
+            "it may evict any key with an expiry, and every jobguard key has one"
+        }
+        _ => "it may evict keys",
+    })
+}
 
 /// The longest key stored verbatim, in bytes; longer ones are hashed.
 pub const MAX_VERBATIM_KEY: usize = 200;
@@ -79,18 +180,118 @@ pub const MAX_VERBATIM_KEY: usize = 200;
 /// The prefix of every key the store writes.
 pub const KEY_PREFIX: &str = "jobguard:";
 
-/// An idempotency [`Store`] on Redis, through the `redis` crate's async connection manager.
+/// An idempotency [`Store`] on Redis: one server through the `redis` crate's connection manager,
+/// or a Redis Cluster through its cluster connection.
 ///
 /// `Clone` is cheap and shares the connection. See the [module docs](self) for the key scheme,
 /// the record layout and the semantics.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: RedisConnection,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore").finish_non_exhaustive()
+        f.debug_struct("RedisStore")
+            .field(
+                "cluster",
+                &matches!(self.connection, RedisConnection::Cluster(_)),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection a [`RedisStore`] or a
+/// [`RedisDeadLetters`](crate::dead_letter::redis::RedisDeadLetters) sends its commands on: one
+/// server or a cluster. `Clone` shares it.
+///
+/// It implements the `redis` crate's [`ConnectionLike`], so other commands run on it too:
+/// `redis::cmd("PING").query_async(&mut store.connection())`. On a cluster, a command is routed
+/// by its key, and `MOVED`/`ASK` redirections are followed.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server, through a connection manager that reconnects in the background.
+    Single(ConnectionManager),
+    /// A Redis Cluster, through the cluster connection, which routes each command to the node
+    /// that holds its key's slot, follows redirections and reconnects to lost nodes.
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RedisConnection::Single(_) => "RedisConnection::Single",
+            RedisConnection::Cluster(_) => "RedisConnection::Cluster",
+        })
+    }
+}
+
+impl From<ConnectionManager> for RedisConnection {
+    fn from(connection: ConnectionManager) -> Self {
+        RedisConnection::Single(connection)
+    }
+}
+
+impl From<ClusterConnection> for RedisConnection {
+    fn from(connection: ClusterConnection) -> Self {
+        RedisConnection::Cluster(connection)
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl RedisConnection {
+    /// Connects to the server at `url` with `config`; see [`RedisStore::connect_with_config`].
+    pub async fn connect(url: &str, config: ConnectionManagerConfig) -> Result<Self, Error> {
+        let client = redis::Client::open(url).map_err(|e| store_error("invalid Redis URL", &e))?;
+        if url.starts_with("rediss://") {
+            install_crypto_provider();
+        }
+        let connection = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| store_error("cannot connect to Redis", &e))?;
+        Ok(RedisConnection::Single(connection))
+    }
+
+    /// Connects to the cluster that `builder` names; see [`RedisStore::connect_cluster_with`].
+    pub async fn connect_cluster(builder: ClusterClientBuilder) -> Result<Self, Error> {
+        // The seed nodes' URLs are parsed by `build`; TLS needs a crypto provider whatever they
+        // say, and installing one that goes unused costs nothing.
+        install_crypto_provider();
+        let client = builder
+            .build()
+            .map_err(|e| store_error("invalid Redis Cluster nodes", &e))?;
+        let connection = client
+            .get_async_connection()
+            .await
+            .map_err(|e| store_error("cannot connect to Redis Cluster", &e))?;
+        Ok(RedisConnection::Cluster(connection))
     }
 }
 
@@ -108,24 +309,105 @@ impl RedisStore {
         url: &str,
         config: ConnectionManagerConfig,
     ) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(|e| store_error("invalid Redis URL", &e))?;
-        if url.starts_with("rediss://") {
-            install_crypto_provider();
-        }
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| store_error("cannot connect to Redis", &e))?;
+        let mut connection = RedisConnection::connect(url, config).await?;
+        warn_if_claims_can_be_evicted(&mut connection).await;
         Ok(RedisStore { connection })
+    }
+
+    /// Connects to a Redis Cluster through its seed `nodes` (a `&[&str]`, a `Vec<String>`...:
+    /// `redis://[user:password@]host:port/`, or `rediss://` for TLS; one reachable node is
+    /// enough, the others are found from it), with [`RedisStore::cluster_builder`]'s settings.
+    ///
+    /// Every script touches one key, so claims stay atomic per key on a cluster, and keys spread
+    /// over the slots (no hash tag piles them into one). A master that cannot be reached fails
+    /// the calls on its slots with [`Error::Store`] until its replica is promoted; the
+    /// connection then finds the new master, and the same store works again. See the
+    /// [module docs](self#redis-cluster).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), jobguard::Error> {
+    /// use jobguard::RedisStore;
+    ///
+    /// let store = RedisStore::connect_cluster(&[
+    ///     "redis://10.0.0.1:7000/",
+    ///     "redis://10.0.0.2:7000/",
+    ///     "redis://10.0.0.3:7000/",
+    /// ])
+    /// .await?;
+    /// jobguard::Runtime::builder().store(store).build().install();
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// No seed node, a malformed URL, or no reachable node is [`Error::Store`].
+    pub async fn connect_cluster<I>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        Self::connect_cluster_with(Self::cluster_builder(nodes)).await
+    }
+
+    /// Connects to the cluster that `builder` names, with its settings; start from
+    /// [`RedisStore::cluster_builder`] to keep the defaults you do not change.
+    pub async fn connect_cluster_with(builder: ClusterClientBuilder) -> Result<Self, Error> {
+        let mut connection = RedisConnection::connect_cluster(builder).await?;
+        warn_if_claims_can_be_evicted(&mut connection).await;
+        Ok(RedisStore { connection })
+    }
+
+    /// A cluster client builder on the seed `nodes` with the settings
+    /// [`connect_cluster`](Self::connect_cluster) uses, the cluster's counterpart of
+    /// [`default_config`](Self::default_config): 2 s to connect to a node, 2 s for a reply
+    /// including the redirections and retries, and up to 5 retries 10 ms to 1 s apart, so a
+    /// call made while a master is down fails within a few seconds instead of waiting for the
+    /// failover.
+    pub fn cluster_builder<I>(nodes: I) -> ClusterClientBuilder
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        ClusterClientBuilder::new(nodes)
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
+            .retries(5)
+            .min_retry_wait(10)
+            .max_retry_wait(1000)
     }
 
     /// A store on a connection manager the caller built.
     pub fn from_manager(connection: ConnectionManager) -> Self {
-        RedisStore { connection }
+        RedisStore {
+            connection: RedisConnection::Single(connection),
+        }
     }
 
-    /// The connection manager, to run other commands on the same connection.
-    pub fn manager(&self) -> ConnectionManager {
+    /// A store on a connection the caller built: a [`ConnectionManager`] or a
+    /// [`ClusterConnection`].
+    pub fn from_connection(connection: impl Into<RedisConnection>) -> Self {
+        RedisStore {
+            connection: connection.into(),
+        }
+    }
+
+    /// The connection manager, to run other commands on the same connection; `None` on a
+    /// cluster (use [`connection`](Self::connection), which works on both).
+    pub fn manager(&self) -> Option<ConnectionManager> {
+        match &self.connection {
+            RedisConnection::Single(c) => Some(c.clone()),
+            RedisConnection::Cluster(_) => None,
+        }
+    }
+
+    /// The connection, to run other commands on it or to share it with
+    /// [`RedisDeadLetters::new`](crate::dead_letter::redis::RedisDeadLetters::new).
+    pub fn connection(&self) -> RedisConnection {
         self.connection.clone()
+    }
+
+    /// `true` when the store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.connection, RedisConnection::Cluster(_))
     }
 
     /// The settings [`connect`](Self::connect) uses: 2 s to connect, 2 s for a reply, and one
@@ -258,8 +540,10 @@ fn decode_claim(reply: Value) -> Result<Claim, Error> {
 }
 
 /// Installs rustls' `ring` provider as the process default unless one is installed already, so
-/// that the TLS handshake finds a provider whatever else the build enabled.
-fn install_crypto_provider() {
+/// that the TLS handshake finds a provider whatever else the build enabled. The one installer:
+/// every Redis connection (store or dead-letter sink, one server or a cluster) is made through
+/// [`RedisConnection`], which calls it.
+pub(crate) fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race with another installer is fine: some provider is installed.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -439,6 +723,33 @@ impl Transient for redis::RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_noeviction_or_no_maxmemory_keeps_every_claim() {
+        assert_eq!(eviction_risk("0", "allkeys-lru"), None);
+        assert_eq!(eviction_risk("104857600", "noeviction"), None);
+        for policy in [
+            "allkeys-lru",
+            "allkeys-lfu",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-lfu",
+            "volatile-random",
+            "volatile-ttl",
+        ] {
+            assert!(eviction_risk("104857600", policy).is_some(), "{policy}");
+        }
+        assert!(
+            eviction_risk("1", "allkeys-lru")
+                .unwrap()
+                .contains("live claims")
+        );
+        assert!(
+            eviction_risk("1", "volatile-ttl")
+                .unwrap()
+                .contains("claim")
+        );
+    }
 
     fn rk(scope: &str, key: &str) -> String {
         RedisStore::redis_key(StoreKey { scope, key })

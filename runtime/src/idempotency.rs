@@ -3,7 +3,7 @@
 //! [`Idempotent`] is what `#[idempotent]` expands to, and can be used without the macro:
 //!
 //! ```
-//! use jobguard::idempotent::Idempotent;
+//! use jobguard::idempotency::Idempotent;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
@@ -28,6 +28,8 @@
 //! `lease`, and make the side effect itself idempotent where the dependency allows it (pass the
 //! key on to a gateway that accepts idempotency keys).
 
+use crate::attempt::FirstAttempt;
+use crate::bounds::{FromJobguard, Replayable};
 use crate::observe::{Event, log_error};
 use crate::store::{Claim, Store, StoreKey};
 use crate::{Error, Runtime};
@@ -50,6 +52,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// One idempotent call: the key, its namespace, and how to treat a key already claimed.
 #[must_use]
 pub struct Idempotent<'a> {
+    /// The job's name as given: what events and metrics call it.
+    name: &'a str,
+    /// The key's namespace in the store: the name, with `.` for `::`.
     scope: Cow<'a, str>,
     key: &'a str,
     ttl: Duration,
@@ -72,15 +77,18 @@ struct RecordIn<T> {
 }
 
 impl<'a> Idempotent<'a> {
-    /// A call keyed by `key` in `scope`. A scope written as a Rust path (`my_crate::payments::charge`,
-    /// the attribute's default) is stored with `.` for `::`.
+    /// A call keyed by `key` for the job named `scope`, the key's namespace. A scope written as a
+    /// Rust path (`my_crate::payments::charge`, the attribute's default) is stored with `.` for
+    /// `::`; events and metrics name the job as given.
     pub fn new(scope: &'a str, key: &'a str) -> Self {
+        let name = scope;
         let scope = if scope.contains("::") {
             Cow::Owned(scope.replace("::", "."))
         } else {
             Cow::Borrowed(scope)
         };
         Idempotent {
+            name,
             scope,
             key,
             ttl: DEFAULT_TTL,
@@ -133,8 +141,8 @@ impl<'a> Idempotent<'a> {
     pub fn run<T, E, F>(self, work: F) -> impl Future<Output = Result<T, E>>
     where
         F: Future<Output = Result<T, E>>,
-        T: crate::__private::Replayable,
-        E: crate::__private::FromJobguard,
+        T: Replayable,
+        E: FromJobguard,
     {
         // Not an `async fn`: a bound the job's types miss is one error at the call, not a
         // second one at the `.await`.
@@ -144,8 +152,8 @@ impl<'a> Idempotent<'a> {
     async fn claimed<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
-        T: crate::__private::Replayable,
-        E: crate::__private::FromJobguard,
+        T: Replayable,
+        E: FromJobguard,
     {
         let runtime = Runtime::current();
         let store = self
@@ -172,7 +180,7 @@ impl<'a> Idempotent<'a> {
                 Claim::Completed(bytes) => {
                     let value = decode::<T>(&bytes).map_err(E::from)?;
                     observe(Event::Replayed {
-                        scope: key.scope,
+                        scope: self.name,
                         key: key.key,
                     });
                     return Ok(value);
@@ -180,7 +188,7 @@ impl<'a> Idempotent<'a> {
                 Claim::KeyReused => return Err(E::from(Error::KeyReused)),
                 Claim::InProgress { retry_in } => {
                     observe(Event::InProgress {
-                        scope: key.scope,
+                        scope: self.name,
                         key: key.key,
                         retry_in,
                     });
@@ -199,7 +207,7 @@ impl<'a> Idempotent<'a> {
             }
         }
         observe(Event::Claimed {
-            scope: key.scope,
+            scope: self.name,
             key: key.key,
         });
 
@@ -207,6 +215,7 @@ impl<'a> Idempotent<'a> {
             store: Some(store.clone()),
             runtime: runtime.clone(),
             scope: key.scope.to_owned(),
+            name: self.name.to_owned(),
             key: key.key.to_owned(),
             token: token.clone(),
         };
@@ -220,7 +229,7 @@ impl<'a> Idempotent<'a> {
                 guard.disarm();
                 release(&*store, key, &token).await;
                 observe(Event::Released {
-                    scope: key.scope,
+                    scope: self.name,
                     key: key.key,
                 });
                 Err(error)
@@ -240,7 +249,7 @@ impl<'a> Idempotent<'a> {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let mut work = pin!(work);
+        let mut work = pin!(FirstAttempt::new(work));
         let every = self.lease / 3;
         let mut lost = false;
         loop {
@@ -252,7 +261,7 @@ impl<'a> Idempotent<'a> {
                         Ok(()) => {}
                         Err(Error::LeaseLost) => {
                             lost = true;
-                            observe(Event::LeaseLost { scope: key.scope, key: key.key });
+                            observe(Event::LeaseLost { scope: self.name, key: key.key });
                             log_error(format_args!("jobguard: lease on {}:{} lost while the job ran; another worker may run it too", key.scope, key.key));
                         }
                         // A store error: the lease still runs; try again next beat.
@@ -283,7 +292,7 @@ impl<'a> Idempotent<'a> {
                     key.scope, key.key
                 ));
                 observe(Event::StoreFailed {
-                    scope: key.scope,
+                    scope: self.name,
                     key: key.key,
                 });
                 release(store, key, token).await;
@@ -296,7 +305,7 @@ impl<'a> Idempotent<'a> {
                 Ok(()) => return Ok(value),
                 Err(Error::LeaseLost) => {
                     observe(Event::LeaseLost {
-                        scope: key.scope,
+                        scope: self.name,
                         key: key.key,
                     });
                     log_error(format_args!(
@@ -307,7 +316,7 @@ impl<'a> Idempotent<'a> {
                 }
                 Err(e) if attempt == 4 => {
                     observe(Event::StoreFailed {
-                        scope: key.scope,
+                        scope: self.name,
                         key: key.key,
                     });
                     log_error(format_args!(
@@ -378,6 +387,8 @@ struct ReleaseOnDrop {
     store: Option<Arc<dyn Store>>,
     runtime: Runtime,
     scope: String,
+    /// The job's name, for the event.
+    name: String,
     key: String,
     token: String,
 }
@@ -393,8 +404,9 @@ impl Drop for ReleaseOnDrop {
         let Some(store) = self.store.take() else {
             return;
         };
-        let (scope, key, token) = (
+        let (scope, name, key, token) = (
             std::mem::take(&mut self.scope),
+            std::mem::take(&mut self.name),
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
@@ -408,7 +420,7 @@ impl Drop for ReleaseOnDrop {
                     };
                     release(&*store, key, &token).await;
                     runtime.emit(&Event::Released {
-                        scope: key.scope,
+                        scope: &name,
                         key: key.key,
                     });
                 });

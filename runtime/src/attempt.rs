@@ -1,0 +1,207 @@
+//! The attempt in the body: which attempt of a guarded call is running, read from inside it.
+//!
+//! [`attempt()`] answers anywhere inside a call guarded by `#[retry]`, `#[idempotent]` or
+//! [`Policy::run`](crate::Policy::run), and `None` outside one. A job runner puts its own
+//! delivery count in scope with [`Delivery::scope`], and the attempt carries it.
+//!
+#![cfg_attr(feature = "macros", doc = "```")]
+#![cfg_attr(not(feature = "macros"), doc = "```ignore")]
+//! #[jobguard::retry(attempts = 3, base = "0ms", cap = "0ms", on = all)]
+//! async fn fetch() -> Result<u32, std::io::Error> {
+//!     let attempt = jobguard::attempt().expect("inside a guarded call");
+//!     match attempt.number {
+//!         1 | 2 => Err(std::io::ErrorKind::ConnectionReset.into()),
+//!         n => Ok(n),
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! assert_eq!(fetch().await.unwrap(), 3);
+//! assert!(jobguard::attempt().is_none());
+//! # }
+//! ```
+
+use std::cell::Cell;
+use std::future::Future;
+use tokio::time::Instant;
+
+/// One attempt of a guarded call, as [`attempt()`] gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Attempt {
+    /// The attempt's number within this call, from 1.
+    pub number: u32,
+    /// The job runner's delivery this call runs in, when one is in scope ([`Delivery::scope`]).
+    pub delivery: Option<Delivery>,
+    /// When the attempt started, on tokio's clock (so a paused test clock drives it), to within
+    /// the poll that started it: an attempt that asks during its first poll reads the clock then.
+    pub started: Instant,
+}
+
+/// One delivery of a job by a job runner: the broker's count, not the retry loop's.
+///
+/// A runner integration puts it in scope around the job with [`Delivery::scope`]; the job reads
+/// it as [`Attempt::delivery`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Delivery {
+    /// The delivery's number, from 1.
+    pub number: u32,
+    /// Whether the runner will not deliver the job again after this one.
+    pub last: bool,
+}
+
+tokio::task_local! {
+    static DELIVERY: Delivery;
+}
+
+impl Delivery {
+    /// Runs `fut` with this delivery in scope: every guarded call inside it, on this task, sees it
+    /// in [`Attempt::delivery`].
+    ///
+    #[cfg_attr(feature = "macros", doc = "```")]
+    #[cfg_attr(not(feature = "macros"), doc = "```ignore")]
+    /// use jobguard::Delivery;
+    ///
+    /// #[jobguard::retry(attempts = 1)]
+    /// async fn job() -> Result<Option<Delivery>, std::io::Error> {
+    ///     Ok(jobguard::attempt().and_then(|a| a.delivery))
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let delivery = Delivery { number: 2, last: false };
+    /// assert_eq!(delivery.scope(job()).await.unwrap(), Some(delivery));
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        DELIVERY.scope(self, fut)
+    }
+
+    /// The delivery in scope on this task, if any.
+    pub fn current() -> Option<Delivery> {
+        DELIVERY.try_with(|d| *d).ok()
+    }
+}
+
+/// The attempt of the guarded call running on this thread, if any.
+///
+/// `None` outside a guarded call. Inside one, the attempt's number (from 1), the delivery in
+/// scope, and when the attempt started.
+pub fn attempt() -> Option<Attempt> {
+    let current = CURRENT.get();
+    if current == OUTSIDE {
+        return None;
+    }
+    let started = match STARTED.get() {
+        Some(started) if current & HAS_START != 0 => started,
+        _ => {
+            // Asked during the attempt's first poll: it started in this poll.
+            let started = Instant::now();
+            STARTED.set(Some(started));
+            CURRENT.set(current | HAS_START);
+            started
+        }
+    };
+    Some(Attempt {
+        number: current as u32,
+        delivery: Delivery::current(),
+        started,
+    })
+}
+
+/// What the engine knows of the running attempt. Its start is read only when someone asks, or
+/// when the attempt outlives its first poll.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Running {
+    pub(crate) number: u32,
+    pub(crate) started: Option<Instant>,
+}
+
+/// No guarded call is running on this thread.
+const OUTSIDE: u64 = 0;
+/// Set beside the number when [`STARTED`] holds the running attempt's start.
+const HAS_START: u64 = 1 << 32;
+
+thread_local! {
+    /// The attempt whose body is being polled on this thread: its number in the low 32 bits,
+    /// and [`HAS_START`]; [`OUTSIDE`] when none is.
+    static CURRENT: Cell<u64> = const { Cell::new(OUTSIDE) };
+    /// The running attempt's start, when [`CURRENT`] has [`HAS_START`].
+    static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Polls `poll` with `running` as the attempt in the body, and keeps the start it learned.
+/// The attempt outside (a guarded call inside another) is put back afterwards, also when `poll`
+/// panics. A call that nobody asks about touches one thread-local word on the way in and out.
+#[inline(always)]
+pub(crate) fn poll_in<R>(running: &mut Running, poll: impl FnOnce() -> R) -> R {
+    struct Restore<'r> {
+        outer: u64,
+        outer_started: Option<Instant>,
+        running: &'r mut Running,
+    }
+    impl Drop for Restore<'_> {
+        #[inline(always)]
+        fn drop(&mut self) {
+            if CURRENT.replace(self.outer) & HAS_START != 0 {
+                self.running.started = STARTED.get();
+            }
+            if self.outer & HAS_START != 0 {
+                STARTED.set(self.outer_started);
+            }
+        }
+    }
+    let mut current = u64::from(running.number);
+    if running.started.is_some() {
+        current |= HAS_START;
+    }
+    let outer = CURRENT.replace(current);
+    // The start cell is shared with the attempt outside: saved only when one of the two uses it.
+    let outer_started = if (outer | current) & HAS_START != 0 {
+        STARTED.replace(running.started)
+    } else {
+        None
+    };
+    let _restore = Restore {
+        outer,
+        outer_started,
+        running,
+    };
+    poll()
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled as attempt 1 of a guarded call: the body of an `#[idempotent]` job
+    /// without `#[retry]`. A `#[retry]` inside numbers its own attempts.
+    pub(crate) struct FirstAttempt<F> {
+        running: Running,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F> FirstAttempt<F> {
+    pub(crate) fn new(future: F) -> Self {
+        FirstAttempt {
+            running: Running {
+                number: 1,
+                started: None,
+            },
+            future,
+        }
+    }
+}
+
+impl<F: Future> Future for FirstAttempt<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let future = this.future;
+        poll_in(this.running, || future.poll(cx))
+    }
+}

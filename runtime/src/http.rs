@@ -1,0 +1,1270 @@
+//! The `Idempotency-Key` HTTP header as a tower layer, for axum and hyper services.
+//!
+//! A client that timed out on `POST /charge` cannot know whether the charge happened, so it sends
+//! the request again with the same `Idempotency-Key` header. [`IdempotencyLayer`] makes that safe,
+//! after the IETF draft "The Idempotency-Key HTTP Header Field" and Stripe's practice:
+//!
+//! * the first request with a key runs, and its status, content headers and body are stored in a
+//!   [`Store`] for the TTL (default 24 hours);
+//! * a repeat gets the stored response byte for byte, with `Idempotent-Replayed: true`, and the
+//!   handler does not run;
+//! * a repeat while the first still runs gets `409 Conflict` with `Retry-After`;
+//! * the same key with another request (method, path and query, or body) gets
+//!   `422 Unprocessable Content`;
+//! * a missing key where one is [required](IdempotencyLayer::required), or a malformed one, gets
+//!   `400 Bad Request`; a body larger than [`max_body`](IdempotencyLayer::max_body) gets
+//!   `413 Content Too Large` before the handler runs;
+//! * the store unreachable gets `503 Service Unavailable`, and the handler does not run (fail
+//!   closed);
+//! * a `5xx`, `408` or `429` response is not stored: the claim is released so the client may try
+//!   again. Other `4xx` are stored, since they would repeat.
+//!
+//! Every error the layer answers itself is `application/problem+json` (RFC 9457) with a `title`
+//! and a `detail` that says what to do.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use jobguard::MemoryStore;
+//! use jobguard::http::IdempotencyLayer;
+//! use std::time::Duration;
+//!
+//! async fn charge() -> &'static str {
+//!     "charged"
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/charge/{order_id}", post(charge))
+//!     .layer(
+//!         IdempotencyLayer::new(MemoryStore::new())
+//!             .required(true)
+//!             .ttl(Duration::from_secs(24 * 3600)),
+//!     );
+//! # drop(app);
+//! ```
+//!
+//! # The key
+//!
+//! `Idempotency-Key` is a structured-field string (`"8e03978e-40d5"`, as the draft writes it) or a
+//! bare token (`8e03978e-40d5`, as Stripe's clients send it), of 1 to 255 printable ASCII
+//! characters. An empty value, a longer one, non-ASCII bytes, two headers, or a list of keys is a
+//! `400` that names the fault. Keys live in the store under the scope `http`, or `http.<scope>`
+//! with [`scope`](IdempotencyLayer::scope), so two principals' equal keys never meet.
+//!
+//! # What is stored
+//!
+//! The status, the body, and the headers that describe it: every `content-*` header except
+//! `content-length`, and `location`. Responses are buffered for storage up to
+//! [`max_response`](IdempotencyLayer::max_response) (default 1 MiB); a larger one, or one with
+//! trailers, is passed through as it streams, whole, but is not stored: the claim is released
+//! and an [`Event::StoreFailed`] is raised (a `WARN` event with the `tracing` feature), and a
+//! repeat runs the handler again.
+//!
+//! # Bodies
+//!
+//! Guarded requests with a key are buffered (up to `max_body`) to fingerprint them, and reach the
+//! service as [`RequestBody::Right`]; other requests stream through as [`RequestBody::Left`].
+//! The service's response bodies must be [`Unpin`] (axum's and hyper's are).
+//!
+//! The lease on the key is renewed every third of [`lease`](IdempotencyLayer::lease) while the
+//! handler runs. A request whose future is dropped before it ends (the server cancelled it), or
+//! whose handler panicked, releases it.
+
+use crate::Error;
+use crate::observe::{Event, log_error};
+use crate::runtime::Current;
+use crate::store::{Claim, Store, StoreKey};
+use ::http::request::Parts;
+use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower::{Layer, Service};
+
+/// The request header that carries the key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The response header that marks a replay: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The longest key accepted, in characters.
+pub const MAX_KEY_LEN: usize = 255;
+/// The default limit on a guarded request's body: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+/// The default limit on a response buffered for storage: 1 MiB.
+pub const DEFAULT_MAX_RESPONSE: usize = 1 << 20;
+/// The `Retry-After` of a `409` (a repeat while the first request runs) and of a `503`.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The error type of the bodies this layer passes on.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body the wrapped service receives: the client's body as it streams (`Left`) for requests
+/// the layer does not guard, the buffered body (`Right`) for those it does.
+pub type RequestBody<B> = Either<B, Full<Bytes>>;
+
+type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+
+/// A tower [`Layer`] that honours the `Idempotency-Key` header on a [`Store`]. See the
+/// [module documentation](self) for the behaviour.
+#[derive(Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+#[derive(Clone)]
+struct Config {
+    store: Arc<dyn Store>,
+    required: bool,
+    methods: Vec<Method>,
+    scope: Option<Arc<ScopeFn>>,
+    ttl: Duration,
+    lease: Duration,
+    max_body: usize,
+    max_response: usize,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("required", &c.required)
+            .field("methods", &c.methods)
+            .field("scoped", &c.scope.is_some())
+            .field("ttl", &c.ttl)
+            .field("lease", &c.lease)
+            .field("max_body", &c.max_body)
+            .field("max_response", &c.max_response)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer on `store` (a [`MemoryStore`](crate::MemoryStore) for one process, a shared store
+    /// such as `RedisStore` for several): keys optional, `POST` and `PATCH` guarded, 24 h TTL,
+    /// 30 s lease, 1 MiB limits.
+    pub fn new<S: Store + 'static>(store: S) -> Self {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store: Arc::new(store),
+                required: false,
+                methods: vec![Method::POST, Method::PATCH],
+                scope: None,
+                ttl: crate::idempotency::DEFAULT_TTL,
+                lease: crate::idempotency::DEFAULT_LEASE,
+                max_body: DEFAULT_MAX_BODY,
+                max_response: DEFAULT_MAX_RESPONSE,
+            }),
+        }
+    }
+
+    fn config(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
+    }
+
+    /// Whether a guarded method without a key is refused with `400` (`true`) or passed through
+    /// unguarded (`false`, the default).
+    pub fn required(mut self, required: bool) -> Self {
+        self.config().required = required;
+        self
+    }
+
+    /// The methods the layer guards (default `POST` and `PATCH`); others pass through untouched.
+    pub fn methods<I: IntoIterator<Item = Method>>(mut self, methods: I) -> Self {
+        self.config().methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Names the key's owner, such as the authenticated principal, from the request head: keys
+    /// are scoped by it, so two tenants' equal keys never meet.
+    ///
+    /// ```
+    /// use jobguard::http::IdempotencyLayer;
+    ///
+    /// fn tenant(parts: &http::request::Parts) -> String {
+    ///     parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+    /// }
+    /// let layer = IdempotencyLayer::new(jobguard::MemoryStore::new()).scope(tenant);
+    /// # drop(layer);
+    /// ```
+    pub fn scope<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> String + Send + Sync + 'static,
+    {
+        self.config().scope = Some(Arc::new(scope));
+        self
+    }
+
+    /// How long a stored response is replayed (default 24 hours).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config().ttl = ttl;
+        self
+    }
+
+    /// The claim's lease while the handler runs (default 30 s), renewed every third of it: how
+    /// long a crashed server can block a key.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config().lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// The largest request body, in bytes, accepted with a key (default 1 MiB); a larger one is
+    /// `413` before the handler runs.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.config().max_body = bytes;
+        self
+    }
+
+    /// The largest response body, in bytes, buffered for storage (default 1 MiB). A larger
+    /// response is passed through whole and not stored.
+    pub fn max_response(mut self, bytes: usize) -> Self {
+        self.config().max_response = bytes;
+        self
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps around `S`.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService").finish_non_exhaustive()
+    }
+}
+
+/// The future [`IdempotencyService`] returns.
+pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service that was driven ready serves this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(serve(self.config.clone(), inner, request))
+    }
+}
+
+/// One request through the layer.
+async fn serve<S, B, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    if !config.methods.contains(request.method()) {
+        return pass(inner.call(request.map(Either::Left)).await);
+    }
+    let key = match parse_key(request.headers()) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.required => return Ok(Problem::MissingKey.response()),
+        Ok(None) => return pass(inner.call(request.map(Either::Left)).await),
+        Err(fault) => return Ok(Problem::BadKey(fault).response()),
+    };
+
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > config.max_body as u64) {
+        return Ok(Problem::TooLarge(config.max_body).response());
+    }
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            return Ok(Problem::TooLarge(config.max_body).response());
+        }
+        Err(e) => return Ok(Problem::Unreadable(e.to_string()).response()),
+    };
+
+    let fingerprint = Fingerprint::of(&parts, &body);
+    let held = Held {
+        runtime: Current::get(),
+        scope: store_scope(config.scope.as_deref(), &parts),
+        key,
+        token: new_token(),
+        armed: AtomicBool::new(false),
+        config,
+    };
+    let (config, key, token) = (&*held.config, held.store_key(), &*held.token);
+    let observe = |event: Event<'_>| held.runtime.emit(&event);
+    match config
+        .store
+        .claim(key, token, Some(fingerprint.as_str()), config.lease)
+        .await
+    {
+        Ok(Claim::Acquired) => held.armed.store(true, Ordering::Relaxed),
+        Ok(Claim::Completed(record)) => {
+            return Ok(match decode(&record) {
+                Ok(stored) => {
+                    observe(Event::Replayed {
+                        scope: key.scope,
+                        key: key.key,
+                    });
+                    stored.replay()
+                }
+                Err(e) => {
+                    log_error(format_args!(
+                        "jobguard: stored response for {}:{} cannot be read: {e}",
+                        key.scope, key.key
+                    ));
+                    Problem::Corrupt.response()
+                }
+            });
+        }
+        Ok(Claim::InProgress { retry_in }) => {
+            observe(Event::InProgress {
+                scope: key.scope,
+                key: key.key,
+                retry_in,
+            });
+            return Ok(Problem::InProgress.response());
+        }
+        Ok(Claim::KeyReused) => return Ok(Problem::KeyReused.response()),
+        Err(e) => return Ok(Problem::StoreDown(e).response()),
+    }
+    observe(Event::Claimed {
+        scope: key.scope,
+        key: key.key,
+    });
+
+    let request = Request::from_parts(parts, Either::Right(Full::new(body)));
+    let outcome = heartbeat(config, key, token, &observe, async {
+        let response = inner.call(request).await?;
+        if !storable(response.status()) {
+            return Ok(Outcome::NotStorable(response));
+        }
+        let (head, body) = response.into_parts();
+        Ok(match buffer(body, config.max_response).await {
+            Buffered::Complete(bytes) => Outcome::Complete(head, bytes),
+            Buffered::Partial(body) => Outcome::TooLarge(Response::from_parts(head, body)),
+        })
+    })
+    .await;
+
+    let release = async || {
+        release(&*config.store, key, token).await;
+        observe(Event::Released {
+            scope: key.scope,
+            key: key.key,
+        });
+    };
+    let answer = match outcome {
+        Err(error) => {
+            release().await;
+            Err(error)
+        }
+        Ok(Outcome::NotStorable(response)) => {
+            release().await;
+            pass(Ok(response))
+        }
+        Ok(Outcome::TooLarge(response)) => {
+            release().await;
+            observe(Event::StoreFailed {
+                scope: key.scope,
+                key: key.key,
+            });
+            #[cfg(feature = "tracing")]
+            ::tracing::warn!(
+                target: "jobguard",
+                scope = key.scope,
+                key = key.key,
+                limit = config.max_response,
+                "response larger than the storage limit, or with trailers: passed through, not stored"
+            );
+            Ok(response)
+        }
+        Ok(Outcome::Complete(head, body)) => {
+            let record = encode(head.status, &head.headers, &body);
+            store_record(config, key, token, &record, &observe).await;
+            Ok(Response::from_parts(head, ResponseBody::full(body)))
+        }
+    };
+    held.armed.store(false, Ordering::Relaxed);
+    answer
+}
+
+/// What the handler answered, as the layer will treat it.
+enum Outcome<B> {
+    /// A status that is not stored (`5xx`, `408`, `429`).
+    NotStorable(Response<B>),
+    /// A status that is stored, with the whole body.
+    Complete(::http::response::Parts, Bytes),
+    /// Larger than the storage limit, or with trailers: passed on as it streams.
+    TooLarge(Response<ResponseBody<B>>),
+}
+
+/// Whether a response with this status is stored and replayed. Server errors, `408` and `429`
+/// say "try again", so they are not.
+pub fn storable(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS)
+}
+
+fn pass<B, E>(result: Result<Response<B>, E>) -> Result<Response<ResponseBody<B>>, E> {
+    result.map(|response| response.map(ResponseBody::stream))
+}
+
+/// Runs `work`, renewing the lease every third of it.
+async fn heartbeat<T>(
+    config: &Config,
+    key: StoreKey<'_>,
+    token: &str,
+    observe: &impl Fn(Event<'_>),
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = pin!(work);
+    // A handler that answers at once needs no timer.
+    tokio::select! {
+        biased;
+        done = &mut work => return done,
+        () = std::future::ready(()) => {}
+    }
+    let every = config.lease / 3;
+    let mut lost = false;
+    loop {
+        tokio::select! {
+            biased;
+            done = &mut work => return done,
+            _ = tokio::time::sleep(every), if !lost => {
+                match config.store.renew(key, token, config.lease).await {
+                    Ok(()) => {}
+                    Err(Error::LeaseLost) => {
+                        lost = true;
+                        observe(Event::LeaseLost { scope: key.scope, key: key.key });
+                        log_error(format_args!("jobguard: lease on {}:{} lost while the request ran; a repeat may run it too", key.scope, key.key));
+                    }
+                    // A store error: the lease still runs; try again next beat.
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Stores the record, retrying the write a few times. The handler's response goes to the client
+/// whatever happens here: its side effect took place.
+async fn store_record(
+    config: &Config,
+    key: StoreKey<'_>,
+    token: &str,
+    record: &[u8],
+    observe: &impl Fn(Event<'_>),
+) {
+    let mut pause = Duration::from_millis(50);
+    for attempt in 1..=4 {
+        match config.store.complete(key, token, record, config.ttl).await {
+            Ok(()) => return,
+            Err(Error::LeaseLost) => {
+                observe(Event::LeaseLost {
+                    scope: key.scope,
+                    key: key.key,
+                });
+                log_error(format_args!(
+                    "jobguard: request {}:{} was answered but its lease was lost before the response was stored; a repeat may have run it too",
+                    key.scope, key.key
+                ));
+                return;
+            }
+            Err(e) if attempt == 4 => {
+                observe(Event::StoreFailed {
+                    scope: key.scope,
+                    key: key.key,
+                });
+                log_error(format_args!(
+                    "jobguard: request {}:{} was answered but its response could not be stored ({e}); a repeat after the lease lapses runs it again",
+                    key.scope, key.key
+                ));
+            }
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+        }
+    }
+}
+
+async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
+    for _ in 0..3 {
+        if store.release(key, token).await.is_ok() {
+            return;
+        }
+    }
+    log_error(format_args!(
+        "jobguard: claim on {}:{} could not be released; it lapses with its lease",
+        key.scope, key.key
+    ));
+}
+
+fn new_token() -> String {
+    use rand::Rng;
+    format!("{:032x}", rand::rng().random::<u128>())
+}
+
+/// The key this request claims, with what releasing it needs, owned: a request dropped while it
+/// holds the claim (cancelled by the server, or its handler panicked) releases it from `drop`.
+struct Held {
+    config: Arc<Config>,
+    runtime: Current,
+    scope: Cow<'static, str>,
+    key: String,
+    token: String,
+    /// Set while this request holds the claim and nothing else will release it.
+    armed: AtomicBool,
+}
+
+impl Held {
+    fn store_key(&self) -> StoreKey<'_> {
+        StoreKey {
+            scope: &self.scope,
+            key: &self.key,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.armed.load(Ordering::Relaxed) {
+            return;
+        }
+        let store = self.config.store.clone();
+        let runtime = self.runtime.to_owned();
+        let (scope, key, token) = (
+            std::mem::take(&mut self.scope),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let key = StoreKey {
+                        scope: &scope,
+                        key: &key,
+                    };
+                    release(&*store, key, &token).await;
+                    runtime.emit(&Event::Released {
+                        scope: key.scope,
+                        key: key.key,
+                    });
+                });
+            }
+            Err(_) => log_error(format_args!(
+                "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
+            )),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The key, the scope and the fingerprint.
+
+/// What is wrong with an `Idempotency-Key` header, in words for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFault {
+    /// More than one `Idempotency-Key` header.
+    Repeated(usize),
+    /// The value is empty (or only spaces, or `""`).
+    Empty,
+    /// Longer than [`MAX_KEY_LEN`].
+    TooLong(usize),
+    /// A byte outside printable ASCII.
+    NotAscii,
+    /// A list of keys (`"a", "b"`).
+    List,
+    /// Not a structured-field string nor a bare token: the message says where.
+    Malformed(&'static str),
+}
+
+impl fmt::Display for KeyFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyFault::Repeated(n) => write!(
+                f,
+                "the request carries {n} Idempotency-Key headers; send exactly one"
+            ),
+            KeyFault::Empty => f.write_str(
+                "the Idempotency-Key header is empty; send a unique key of 1 to 255 characters, such as a UUID",
+            ),
+            KeyFault::TooLong(n) => write!(
+                f,
+                "the Idempotency-Key is {n} characters long; the limit is {MAX_KEY_LEN}"
+            ),
+            KeyFault::NotAscii => f.write_str(
+                "the Idempotency-Key contains characters outside printable ASCII; use letters, digits and punctuation only, such as a UUID",
+            ),
+            KeyFault::List => f.write_str(
+                "the Idempotency-Key header holds a list of keys; send one key, as a quoted string (\"abc\") or a bare token (abc)",
+            ),
+            KeyFault::Malformed(why) => write!(
+                f,
+                "the Idempotency-Key is not a quoted string (\"abc\") nor a bare token (abc): {why}"
+            ),
+        }
+    }
+}
+
+/// Reads the `Idempotency-Key` header: `None` when there is none.
+///
+/// The value is a structured-field string (`"abc"`, with `\"` and `\\` escapes) or a bare token
+/// (`abc`: printable ASCII without spaces, `"`, `,`, `;` or `\`), of 1 to [`MAX_KEY_LEN`]
+/// characters.
+///
+/// ```
+/// use http::HeaderMap;
+/// use jobguard::http::{KeyFault, parse_key};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("idempotency-key", "\"8e03978e-40d5\"".parse().unwrap());
+/// assert_eq!(parse_key(&headers), Ok(Some("8e03978e-40d5".to_owned())));
+/// headers.insert("idempotency-key", "\"a\", \"b\"".parse().unwrap());
+/// assert_eq!(parse_key(&headers), Err(KeyFault::List));
+/// ```
+pub fn parse_key(headers: &HeaderMap) -> Result<Option<String>, KeyFault> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let more = values.count();
+    if more > 0 {
+        return Err(KeyFault::Repeated(more + 1));
+    }
+    parse_value(value).map(Some)
+}
+
+fn parse_value(value: &HeaderValue) -> Result<String, KeyFault> {
+    let bytes = value.as_bytes();
+    if bytes
+        .iter()
+        .any(|b| !(0x20..0x7f).contains(b) && *b != b'\t')
+    {
+        return Err(KeyFault::NotAscii);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| KeyFault::NotAscii)?;
+    let text = text.trim_matches([' ', '\t']);
+    let key = match text.strip_prefix('"') {
+        Some(quoted) => parse_string(quoted)?,
+        None => parse_token(text)?,
+    };
+    match key.len() {
+        0 => Err(KeyFault::Empty),
+        n if n > MAX_KEY_LEN => Err(KeyFault::TooLong(n)),
+        _ => Ok(key),
+    }
+}
+
+/// A structured-field string after its opening quote (RFC 9651 section 4.2.5).
+fn parse_string(rest: &str) -> Result<String, KeyFault> {
+    let mut key = String::with_capacity(rest.len());
+    let mut chars = rest.chars();
+    loop {
+        match chars.next() {
+            None => return Err(KeyFault::Malformed("the closing quote is missing")),
+            Some('\\') => match chars.next() {
+                Some(c @ ('"' | '\\')) => key.push(c),
+                _ => {
+                    return Err(KeyFault::Malformed(
+                        "a backslash may only escape `\"` or `\\`",
+                    ));
+                }
+            },
+            Some('"') => break,
+            Some(c) => key.push(c),
+        }
+    }
+    let after = chars.as_str().trim_start_matches([' ', '\t']);
+    match after.chars().next() {
+        None => Ok(key),
+        Some(',') => Err(KeyFault::List),
+        Some(';') => Err(KeyFault::Malformed(
+            "parameters after the key are not accepted",
+        )),
+        Some(_) => Err(KeyFault::Malformed(
+            "there are characters after the closing quote",
+        )),
+    }
+}
+
+fn parse_token(text: &str) -> Result<String, KeyFault> {
+    if text.contains(',') {
+        return Err(KeyFault::List);
+    }
+    if text.contains([' ', '\t']) {
+        return Err(KeyFault::Malformed("a bare key cannot contain spaces"));
+    }
+    if text.contains(['"', ';', '\\']) {
+        return Err(KeyFault::Malformed(
+            "a bare key cannot contain `\"`, `;` or `\\`; quote it instead",
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// The store scope: `http`, or `http.<scope>` with `:` and `%` percent-encoded (a store scope
+/// never contains `:`).
+fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> Cow<'static, str> {
+    match scope {
+        None => Cow::Borrowed("http"),
+        Some(scope) => {
+            let owner = scope(parts);
+            let mut out = String::with_capacity(5 + owner.len());
+            out.push_str("http.");
+            for c in owner.chars() {
+                match c {
+                    '%' => out.push_str("%25"),
+                    ':' => out.push_str("%3A"),
+                    c => out.push(c),
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// SHA-256 over the method, the path and query, and the body, in hex. Method and target cannot
+/// contain a NUL byte, so the NULs between them keep the fields apart.
+struct Fingerprint([u8; 64]);
+
+impl Fingerprint {
+    fn of(parts: &Parts, body: &[u8]) -> Self {
+        use sha2::{Digest, Sha256};
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let digest = Sha256::new()
+            .chain_update(parts.method.as_str())
+            .chain_update([0])
+            .chain_update(target)
+            .chain_update([0])
+            .chain_update(body)
+            .finalize();
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0; 64];
+        for (i, b) in digest.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 15)];
+        }
+        Fingerprint(out)
+    }
+
+    fn as_str(&self) -> &str {
+        // Hex digits only: always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stored response.
+
+/// The format tag of a stored response.
+const MAGIC: &[u8; 4] = b"JGH1";
+
+/// Whether a response header is stored with the body.
+fn kept(name: &HeaderName) -> bool {
+    (name.as_str().starts_with("content-") && name != header::CONTENT_LENGTH)
+        || name == header::LOCATION
+}
+
+/// `JGH1`, the status (u16), the number of headers (u16), each header as name length (u16),
+/// name, value length (u32), value; then the body to the end. All integers big-endian.
+fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+    let (mut count, mut size) = (0u16, 0usize);
+    for (name, value) in headers.iter().filter(|(name, _)| kept(name)) {
+        count += 1;
+        size += 6 + name.as_str().len() + value.len();
+    }
+    let mut out = Vec::with_capacity(8 + size + body.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&status.as_u16().to_be_bytes());
+    out.extend_from_slice(&count.to_be_bytes());
+    for (name, value) in headers.iter().filter(|(name, _)| kept(name)) {
+        out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// A response read back from the store.
+struct Stored {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Stored {
+    fn replay<B>(self) -> Response<ResponseBody<B>> {
+        let mut response = Response::new(ResponseBody::full(self.body));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        response
+    }
+}
+
+fn decode(record: &[u8]) -> Result<Stored, Error> {
+    fn corrupt(what: &str) -> Error {
+        Error::Corrupt(format!("stored HTTP response: {what}"))
+    }
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8], Error> {
+        if rest.len() < n {
+            return Err(corrupt("truncated"));
+        }
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        Ok(head)
+    }
+    fn u16_at(rest: &mut &[u8]) -> Result<u16, Error> {
+        let b = take(rest, 2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    let mut rest = record;
+    if take(&mut rest, 4)? != MAGIC {
+        return Err(corrupt("not a jobguard HTTP record"));
+    }
+    let status = StatusCode::from_u16(u16_at(&mut rest)?).map_err(|_| corrupt("bad status"))?;
+    let count = u16_at(&mut rest)?;
+    let mut headers = HeaderMap::with_capacity(usize::from(count) + 1);
+    for _ in 0..count {
+        let len = usize::from(u16_at(&mut rest)?);
+        let name = HeaderName::from_bytes(take(&mut rest, len)?)
+            .map_err(|_| corrupt("bad header name"))?;
+        let b = take(&mut rest, 4)?;
+        let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let value = HeaderValue::from_bytes(take(&mut rest, len)?)
+            .map_err(|_| corrupt("bad header value"))?;
+        headers.append(name, value);
+    }
+    Ok(Stored {
+        status,
+        headers,
+        body: Bytes::copy_from_slice(rest),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Response bodies.
+
+/// A response body buffered for storage, or what was read of it before it turned out too large
+/// (or to end in trailers or an error), followed by the rest.
+enum Buffered<B> {
+    Complete(Bytes),
+    Partial(ResponseBody<B>),
+}
+
+async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Buffered::Partial(ResponseBody::stream(body));
+    }
+    // One frame is kept as it is; only a body in several frames is copied together.
+    let mut first: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    let mut len = 0usize;
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => {
+                let head = joined_bytes(first, joined);
+                return Buffered::Partial(ResponseBody {
+                    head: Some(head),
+                    tail: Tail::Error(error.into()),
+                    rest: None,
+                });
+            }
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                len += data.len();
+                if len > limit {
+                    let mut head = joined_bytes(first, joined);
+                    if head.is_empty() {
+                        head = data;
+                    } else {
+                        let mut both = BytesMut::from(head);
+                        both.extend_from_slice(&data);
+                        head = both.freeze();
+                    }
+                    return Buffered::Partial(ResponseBody {
+                        head: Some(head),
+                        tail: Tail::None,
+                        rest: Some(body),
+                    });
+                }
+                match first.take() {
+                    None if joined.is_empty() => first = Some(data),
+                    None => joined.extend_from_slice(&data),
+                    Some(one) => {
+                        joined.extend_from_slice(&one);
+                        joined.extend_from_slice(&data);
+                    }
+                }
+            }
+            Err(frame) => {
+                let head = joined_bytes(first, joined);
+                let tail = match frame.into_trailers() {
+                    Ok(trailers) => Tail::Trailers(trailers),
+                    Err(_) => Tail::None,
+                };
+                return Buffered::Partial(ResponseBody {
+                    head: Some(head),
+                    tail,
+                    rest: Some(body),
+                });
+            }
+        }
+    }
+    Buffered::Complete(joined_bytes(first, joined))
+}
+
+fn joined_bytes(first: Option<Bytes>, joined: BytesMut) -> Bytes {
+    first.unwrap_or_else(|| joined.freeze())
+}
+
+/// What a [`ResponseBody`] yields after its buffered head, before the rest of the inner body.
+enum Tail {
+    None,
+    Trailers(HeaderMap),
+    Error(BoxError),
+}
+
+/// The body of a response that went through [`IdempotencyLayer`]: the handler's body as it
+/// streams, a replayed or buffered body, or a problem document.
+pub struct ResponseBody<B> {
+    /// Data already read, yielded first.
+    head: Option<Bytes>,
+    /// Trailers or an error read after the head, yielded next.
+    tail: Tail,
+    /// The rest of the handler's body.
+    rest: Option<B>,
+}
+
+impl<B> ResponseBody<B> {
+    fn full(data: Bytes) -> Self {
+        ResponseBody {
+            head: Some(data),
+            tail: Tail::None,
+            rest: None,
+        }
+    }
+
+    fn stream(body: B) -> Self {
+        ResponseBody {
+            head: None,
+            tail: Tail::None,
+            rest: Some(body),
+        }
+    }
+}
+
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("buffered", &self.head.as_ref().map_or(0, Bytes::len))
+            .field("streaming", &self.rest.is_some())
+            .finish()
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.head.take()
+            && !data.is_empty()
+        {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        match std::mem::replace(&mut this.tail, Tail::None) {
+            Tail::None => {}
+            Tail::Trailers(trailers) => return Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Tail::Error(error) => {
+                this.rest = None;
+                return Poll::Ready(Some(Err(error)));
+            }
+        }
+        match this.rest.as_mut() {
+            Some(rest) => Pin::new(rest)
+                .poll_frame(cx)
+                .map(|frame| frame.map(|r| r.map_err(Into::into))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.as_ref().is_none_or(Bytes::is_empty)
+            && matches!(self.tail, Tail::None)
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let head = self.head.as_ref().map_or(0, Bytes::len) as u64;
+        match &self.rest {
+            None => SizeHint::with_exact(head),
+            Some(rest) => {
+                let hint = rest.size_hint();
+                let mut sum = SizeHint::new();
+                sum.set_lower(hint.lower() + head);
+                if let Some(upper) = hint.upper() {
+                    sum.set_upper(upper + head);
+                }
+                sum
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problem documents (RFC 9457).
+
+/// The answers the layer gives itself.
+enum Problem {
+    MissingKey,
+    BadKey(KeyFault),
+    TooLarge(usize),
+    Unreadable(String),
+    InProgress,
+    KeyReused,
+    StoreDown(Error),
+    Corrupt,
+}
+
+impl Problem {
+    fn response<B>(self) -> Response<ResponseBody<B>> {
+        let (status, kind, title, detail) = match self {
+            Problem::MissingKey => (
+                StatusCode::BAD_REQUEST,
+                "missing",
+                "Idempotency-Key is missing",
+                "This operation requires an Idempotency-Key header. Send a unique key (such as a \
+                 UUID) with the request, and send the same key when you repeat it."
+                    .to_owned(),
+            ),
+            Problem::BadKey(fault) => (
+                StatusCode::BAD_REQUEST,
+                "malformed",
+                "Idempotency-Key is malformed",
+                format!("{fault}. The request was not processed."),
+            ),
+            Problem::TooLarge(limit) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!(
+                    "A request with an Idempotency-Key may carry at most {limit} bytes. The \
+                     request was not processed."
+                ),
+            ),
+            Problem::Unreadable(why) => (
+                StatusCode::BAD_REQUEST,
+                "body-unreadable",
+                "Request body could not be read",
+                format!(
+                    "The request body ended with an error ({why}). The request was not \
+                     processed; send it again with the same Idempotency-Key."
+                ),
+            ),
+            Problem::InProgress => (
+                StatusCode::CONFLICT,
+                "in-progress",
+                "A request with this Idempotency-Key is in progress",
+                format!(
+                    "The first request with this key is still being processed. Retry after {} \
+                     second(s) with the same key to receive its response.",
+                    RETRY_AFTER.as_secs()
+                ),
+            ),
+            Problem::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency-Key reused with a different request",
+                "This key was already used with a different method, path, query or body. Use a \
+                 new key for a new request, or repeat the original request exactly."
+                    .to_owned(),
+            ),
+            Problem::StoreDown(e) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                format!(
+                    "The server could not check the Idempotency-Key ({e}), so the request was \
+                     not processed. Retry later with the same key."
+                ),
+            ),
+            Problem::Corrupt => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "record-unreadable",
+                "Stored response unreadable",
+                "A response is stored for this Idempotency-Key but cannot be read back. The \
+                 request was not processed again; contact the operator of this service."
+                    .to_owned(),
+            ),
+        };
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            r#type: String,
+            title: &'a str,
+            status: u16,
+            detail: String,
+        }
+        let document = Document {
+            r#type: format!("tag:jobguard,2026:idempotency-key/{kind}"),
+            title,
+            status: status.as_u16(),
+            detail,
+        };
+        let body = serde_json::to_vec(&document).unwrap_or_default();
+        let mut response = Response::new(ResponseBody::full(Bytes::from(body)));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if matches!(
+            status,
+            StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(RETRY_AFTER.as_secs()),
+            );
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(value: &[u8]) -> Result<Option<String>, KeyFault> {
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_bytes(value).unwrap());
+        parse_key(&headers)
+    }
+
+    #[test]
+    fn keys_as_strings_and_tokens() {
+        assert_eq!(key(b"\"abc\""), Ok(Some("abc".into())));
+        assert_eq!(key(b"abc"), Ok(Some("abc".into())));
+        assert_eq!(key(b" abc "), Ok(Some("abc".into())));
+        assert_eq!(key(b"\"a\\\"b\""), Ok(Some("a\"b".into())));
+        assert_eq!(key(b"\"with space\""), Ok(Some("with space".into())));
+        assert_eq!(
+            key(b"8e03978e-40d5-43e8-bc93-6894a57f9324"),
+            Ok(Some("8e03978e-40d5-43e8-bc93-6894a57f9324".into()))
+        );
+        assert_eq!(key(&[b'k'; 255]), Ok(Some("k".repeat(255))));
+    }
+
+    #[test]
+    fn malformed_keys_are_named() {
+        assert_eq!(key(b""), Err(KeyFault::Empty));
+        assert_eq!(key(b"\"\""), Err(KeyFault::Empty));
+        assert_eq!(key(&[b'k'; 256]), Err(KeyFault::TooLong(256)));
+        assert_eq!(key("clé".as_bytes()), Err(KeyFault::NotAscii));
+        assert_eq!(key(b"\"a\", \"b\""), Err(KeyFault::List));
+        assert_eq!(key(b"a, b"), Err(KeyFault::List));
+        assert!(matches!(key(b"\"abc"), Err(KeyFault::Malformed(_))));
+        assert!(matches!(key(b"\"abc\";p=1"), Err(KeyFault::Malformed(_))));
+        assert!(matches!(key(b"a b"), Err(KeyFault::Malformed(_))));
+        let mut headers = HeaderMap::new();
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
+        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("b"));
+        assert_eq!(parse_key(&headers), Err(KeyFault::Repeated(2)));
+        for fault in [KeyFault::Empty, KeyFault::List, KeyFault::TooLong(300)] {
+            assert!(fault.to_string().contains("Idempotency-Key"), "{fault}");
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        headers.insert(header::LOCATION, HeaderValue::from_static("/charges/1"));
+        headers.insert(header::SERVER, HeaderValue::from_static("x"));
+        let record = encode(StatusCode::CREATED, &headers, b"hello");
+        let stored = decode(&record).unwrap();
+        assert_eq!(stored.status, StatusCode::CREATED);
+        assert_eq!(&stored.body[..], b"hello");
+        assert_eq!(stored.headers.len(), 2);
+        assert_eq!(stored.headers[header::CONTENT_TYPE], "text/plain");
+        assert_eq!(stored.headers[header::LOCATION], "/charges/1");
+        for cut in 0..record.len() - 5 {
+            assert!(decode(&record[..cut]).is_err(), "{cut}");
+        }
+        assert!(decode(b"{\"v\":1}").is_err());
+    }
+
+    #[test]
+    fn what_is_stored() {
+        for code in [200, 201, 204, 301, 400, 404, 409, 422] {
+            assert!(storable(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(!storable(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+    }
+}

@@ -1,0 +1,758 @@
+//! One conformance suite for every idempotency [`Store`]: the semantics the `Store` trait
+//! promises (an exclusive claim, replay of a completed record, release, renew and completion
+//! only by the token that holds the claim, leases that lapse on time, fingerprints, isolated
+//! scopes and keys, claims racing for the same keys, `#[idempotent]` deliveries racing) checked
+//! the same way on `MemoryStore`, a single `redis-server` and a Redis Cluster.
+//!
+//! A store is reached through a [`Backend`], which can also say what the server keeps (the
+//! remaining lease or TTL, the keys written) when it can tell; those checks are skipped where
+//! it cannot.
+//!
+//! Each check is a `pub async fn` named after the behaviour. [`store_conformance!`] makes one
+//! `#[tokio::test]` per check on a fresh backend; [`run_all`] runs them one after another on
+//! one backend, clearing it in between (for backends that are slow to start, like a cluster).
+//!
+//! Real clock: leases live in the server, whose clock tokio cannot pause. Where a lease must
+//! lapse it is short (300 ms), and the checks poll with a deadline rather than sleep for a
+//! guessed time.
+
+use jobguard::store::redis::{RedisConnection, RedisStore};
+use jobguard::{Claim, Error, Store, StoreKey};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const LONG: Duration = Duration::from_secs(60);
+const SHORT: Duration = Duration::from_millis(300);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// A store under test, and what its server can say about what it keeps.
+pub trait Backend: Send + Sync {
+    /// The store.
+    type Store: Store + Clone + 'static;
+
+    /// A handle on the store (a clone shares it).
+    fn store(&self) -> Self::Store;
+
+    /// The time left on `key`'s lease or TTL in milliseconds as the server keeps it (`-2`
+    /// when the key is absent), or `None` when the backend cannot tell.
+    fn pttl(&self, key: StoreKey<'_>) -> impl Future<Output = Option<i64>> + Send;
+
+    /// Every key the store wrote, as the server names them, or `None` when the backend cannot
+    /// tell.
+    fn keys(&self) -> impl Future<Output = Option<Vec<String>>> + Send;
+
+    /// Forgets every key, so that the next check starts empty.
+    fn clear(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// A [`RedisStore`] (one server or a cluster) as a backend, holding `guard` (the server or
+/// the cluster) for as long as it lives.
+pub struct RedisBackend<G> {
+    /// What keeps the server up: a `RedisServer`, a `RedisCluster`, or `()`.
+    pub guard: G,
+    /// The store under test.
+    pub store: RedisStore,
+}
+
+impl<G: Send + Sync> RedisBackend<G> {
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut connection: RedisConnection = self.store.connection();
+        cmd.query_async(&mut connection)
+            .await
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+    }
+}
+
+impl<G: Send + Sync> Backend for RedisBackend<G> {
+    type Store = RedisStore;
+
+    fn store(&self) -> RedisStore {
+        self.store.clone()
+    }
+
+    async fn pttl(&self, key: StoreKey<'_>) -> Option<i64> {
+        Some(
+            self.query(redis::cmd("PTTL").arg(RedisStore::redis_key(key)))
+                .await,
+        )
+    }
+
+    async fn keys(&self) -> Option<Vec<String>> {
+        // On a cluster, `KEYS` runs on every master and the replies are joined.
+        Some(self.query(redis::cmd("KEYS").arg("jobguard:*")).await)
+    }
+
+    async fn clear(&self) {
+        let _: () = self.query(&redis::cmd("FLUSHALL")).await;
+    }
+}
+
+/// Makes one `#[tokio::test]` per conformance check, each on a fresh backend from `$setup`, an
+/// expression of type `impl Future<Output = Option<impl Backend>>` (`None`: skipped).
+#[macro_export]
+macro_rules! store_conformance {
+    ($setup:expr) => {
+        $crate::store_conformance!(@each $setup;
+            a_claim_is_exclusive_and_a_completed_record_replays,
+            release_frees_the_key_only_for_its_holder,
+            renew_extends_the_lease_only_for_its_holder,
+            a_lease_lapses_after_its_duration_and_not_before,
+            a_stale_token_can_neither_complete_release_nor_renew_its_successors_claim,
+            a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatches,
+            hashed_keys_and_scopes_are_isolated,
+            a_clone_shares_the_store,
+            two_hundred_keys_eight_concurrent_claimers_one_winner_each,
+            eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once,
+        );
+    };
+    (@each $setup:expr; $($check:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $check() {
+            let Some(backend) = $setup.await else {
+                return;
+            };
+            $crate::conformance::$check(&backend).await;
+        }
+    )*};
+}
+
+/// Runs every check on `backend`, one after another, clearing it before each; prints each
+/// check's name first, so a failure is found by the last name printed.
+pub async fn run_all<B: Backend>(backend: &B) {
+    macro_rules! each {
+        ($($check:ident),* $(,)?) => {$(
+            backend.clear().await;
+            println!("store conformance: {}", stringify!($check));
+            $check(backend).await;
+        )*};
+    }
+    // The same list as `store_conformance!`.
+    each!(
+        a_claim_is_exclusive_and_a_completed_record_replays,
+        release_frees_the_key_only_for_its_holder,
+        renew_extends_the_lease_only_for_its_holder,
+        a_lease_lapses_after_its_duration_and_not_before,
+        a_stale_token_can_neither_complete_release_nor_renew_its_successors_claim,
+        a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatches,
+        hashed_keys_and_scopes_are_isolated,
+        a_clone_shares_the_store,
+        two_hundred_keys_eight_concurrent_claimers_one_winner_each,
+        eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once,
+    );
+}
+
+fn key(key: &str) -> StoreKey<'_> {
+    StoreKey {
+        scope: "tests.conformance",
+        key,
+    }
+}
+
+/// A claim is exclusive and reports the holder's lease; a completed record replays to every
+/// token, kept for the TTL, and binary records survive unchanged.
+pub async fn a_claim_is_exclusive_and_a_completed_record_replays<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("order-A");
+    assert_eq!(store.claim(k, "t1", None, LONG).await, Ok(Claim::Acquired));
+    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "t2", None, LONG).await else {
+        panic!("a second claim must find the first in progress");
+    };
+    assert!(
+        retry_in > Duration::from_secs(58) && retry_in <= LONG,
+        "{retry_in:?}"
+    );
+    if let Some(pttl) = b.pttl(k).await {
+        assert!((1..=60_000).contains(&pttl));
+    }
+
+    store
+        .complete(k, "t1", br#"{"v":1,"ok":7}"#, DAY)
+        .await
+        .unwrap();
+    for token in ["t1", "t2", "t3"] {
+        assert_eq!(
+            store.claim(k, token, None, LONG).await,
+            Ok(Claim::Completed(br#"{"v":1,"ok":7}"#.to_vec()))
+        );
+    }
+    // The record is kept for the TTL, not the lease.
+    if let Some(ttl) = b.pttl(k).await {
+        assert!(ttl > 86_000_000 && ttl <= 86_400_000, "{ttl}");
+    }
+    // Binary records survive unchanged.
+    let bk = key("binary");
+    let bytes: Vec<u8> = (0..=255).collect();
+    assert_eq!(store.claim(bk, "t", None, LONG).await, Ok(Claim::Acquired));
+    store.complete(bk, "t", &bytes, DAY).await.unwrap();
+    assert_eq!(
+        store.claim(bk, "u", None, LONG).await,
+        Ok(Claim::Completed(bytes))
+    );
+}
+
+/// `release` frees the key for its holder only, never for a token that the holder's starts
+/// with or that starts with the holder's.
+pub async fn release_frees_the_key_only_for_its_holder<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("k");
+    assert_eq!(store.claim(k, "t1", None, LONG).await, Ok(Claim::Acquired));
+    store.release(k, "intruder").await.unwrap();
+    // Nor a token that the holder's starts with, or one that starts with the holder's.
+    for other in ["t", "t1:", "t10", ""] {
+        store.release(k, other).await.unwrap();
+        assert_eq!(store.renew(k, other, LONG).await, Err(Error::LeaseLost));
+        assert_eq!(
+            store.complete(k, other, b"r", DAY).await,
+            Err(Error::LeaseLost)
+        );
+    }
+    assert!(matches!(
+        store.claim(k, "t2", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    store.release(k, "t1").await.unwrap();
+    if let Some(pttl) = b.pttl(k).await {
+        assert_eq!(pttl, -2, "the key is gone");
+    }
+    assert_eq!(store.claim(k, "t2", None, LONG).await, Ok(Claim::Acquired));
+    // Releasing a key nobody holds is not an error.
+    store.release(key("never-claimed"), "t").await.unwrap();
+}
+
+/// `renew` extends the lease for its holder only.
+pub async fn renew_extends_the_lease_only_for_its_holder<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("k");
+    assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl <= 300);
+    }
+    store.renew(k, "t1", LONG).await.unwrap();
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl > 59_000);
+    }
+    assert_eq!(store.renew(k, "t2", SHORT).await, Err(Error::LeaseLost));
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl > 59_000, "a stranger's renew changes nothing");
+    }
+    // The lease is really extended: the key is still held well after the first lease.
+    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "t3", None, SHORT).await else {
+        panic!("renewed");
+    };
+    assert!(retry_in > Duration::from_secs(59), "{retry_in:?}");
+    assert_eq!(
+        store.renew(key("absent"), "t1", LONG).await,
+        Err(Error::LeaseLost)
+    );
+}
+
+/// Claims `k` until it is acquired; panics after `within`. Returns when it was acquired.
+async fn claim_when_free<S: Store>(store: &S, k: StoreKey<'_>, within: Duration) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        match store.claim(k, "successor", None, LONG).await {
+            Ok(Claim::Acquired) => return Instant::now(),
+            Ok(Claim::InProgress { retry_in }) => {
+                assert!(Instant::now() < deadline, "still held after {within:?}");
+                // Wait for as long as the server says the lease has left, a little at a time.
+                tokio::time::sleep(retry_in.min(Duration::from_millis(20))).await;
+            }
+            other => panic!("unexpected claim: {other:?}"),
+        }
+    }
+}
+
+/// A lease lapses after its duration, and not before.
+pub async fn a_lease_lapses_after_its_duration_and_not_before<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("k");
+    let before = Instant::now();
+    assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
+    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "t2", None, SHORT).await else {
+        panic!("held");
+    };
+    assert!(
+        retry_in <= SHORT && retry_in > Duration::ZERO,
+        "{retry_in:?}"
+    );
+    let acquired = claim_when_free(&store, k, Duration::from_secs(5)).await;
+    let held_for = acquired - before;
+    // Redis expires at millisecond precision: allow 1 ms of rounding.
+    assert!(held_for >= SHORT - Duration::from_millis(1), "{held_for:?}");
+    assert!(held_for < SHORT + Duration::from_secs(2), "{held_for:?}");
+}
+
+/// A worker whose lease lapsed can neither complete, release nor renew its successor's claim;
+/// once completed, no token holds a claim.
+pub async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_claim<
+    B: Backend,
+>(
+    b: &B,
+) {
+    let store = b.store();
+    let k = key("k");
+    assert_eq!(
+        store.claim(k, "stale", None, SHORT).await,
+        Ok(Claim::Acquired)
+    );
+    claim_when_free(&store, k, Duration::from_secs(5)).await; // "successor" holds it now
+
+    assert_eq!(
+        store.complete(k, "stale", b"stale result", DAY).await,
+        Err(Error::LeaseLost)
+    );
+    assert_eq!(store.renew(k, "stale", DAY).await, Err(Error::LeaseLost));
+    store.release(k, "stale").await.unwrap();
+    // The successor's claim is untouched: still held, with its own lease.
+    assert!(matches!(
+        store.claim(k, "third", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl > 59_000);
+    }
+    store.renew(k, "successor", LONG).await.unwrap();
+    store
+        .complete(k, "successor", b"result", DAY)
+        .await
+        .unwrap();
+
+    // Once completed, no token holds a claim: not even the one that completed it.
+    for token in ["stale", "successor"] {
+        assert_eq!(
+            store.complete(k, token, b"overwrite", DAY).await,
+            Err(Error::LeaseLost)
+        );
+        assert_eq!(store.renew(k, token, SHORT).await, Err(Error::LeaseLost));
+        store.release(k, token).await.unwrap();
+    }
+    assert_eq!(
+        store.claim(k, "reader", None, LONG).await,
+        Ok(Claim::Completed(b"result".to_vec()))
+    );
+    assert_eq!(
+        store.complete(key("absent"), "stale", b"x", DAY).await,
+        Err(Error::LeaseLost)
+    );
+}
+
+/// A differing fingerprint is `KeyReused`, claimed or completed; a missing one never
+/// mismatches; `n` and the empty string are fingerprints like any other.
+pub async fn a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatches<
+    B: Backend,
+>(
+    b: &B,
+) {
+    let store = b.store();
+    let k = key("k");
+    assert_eq!(
+        store.claim(k, "t1", Some("fp-a"), LONG).await,
+        Ok(Claim::Acquired)
+    );
+    // While claimed:
+    assert_eq!(
+        store.claim(k, "t2", Some("fp-b"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
+    assert!(matches!(
+        store.claim(k, "t2", Some("fp-a"), LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    assert!(matches!(
+        store.claim(k, "t2", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    // Once completed, the fingerprint is kept with the record:
+    store.complete(k, "t1", b"r", DAY).await.unwrap();
+    assert_eq!(
+        store.claim(k, "t2", Some("fp-b"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
+    assert_eq!(
+        store.claim(k, "t2", Some("fp-a"), LONG).await,
+        Ok(Claim::Completed(b"r".to_vec()))
+    );
+    assert_eq!(
+        store.claim(k, "t2", None, LONG).await,
+        Ok(Claim::Completed(b"r".to_vec()))
+    );
+    // A record stored without a fingerprint matches any.
+    let n = key("no-fp");
+    assert_eq!(store.claim(n, "t1", None, LONG).await, Ok(Claim::Acquired));
+    store.complete(n, "t1", b"r", DAY).await.unwrap();
+    assert_eq!(
+        store.claim(n, "t2", Some("fp-z"), LONG).await,
+        Ok(Claim::Completed(b"r".to_vec()))
+    );
+    // A fingerprint that reads like the "none" marker is still a fingerprint.
+    let m = key("marker-fp");
+    assert_eq!(
+        store.claim(m, "t1", Some("n"), LONG).await,
+        Ok(Claim::Acquired)
+    );
+    assert_eq!(
+        store.claim(m, "t2", Some("1:n"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
+    // An empty fingerprint is a fingerprint, not an absent one.
+    let e = key("empty-fp");
+    assert_eq!(
+        store.claim(e, "t1", Some(""), LONG).await,
+        Ok(Claim::Acquired)
+    );
+    assert_eq!(
+        store.claim(e, "t2", Some("x"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
+}
+
+/// Pairs that a careless `scope:key` join or a hash of only some keys would collide.
+pub fn tricky_pairs() -> Vec<(String, String)> {
+    let long = "x".repeat(201);
+    let long_digest_lookalike = format!(
+        "#sha256:{}",
+        RedisStore::redis_key(StoreKey {
+            scope: "s",
+            key: &long
+        })
+        .rsplit(':')
+        .next()
+        .unwrap()
+    );
+    let mut pairs: Vec<(&str, String)> = vec![
+        ("a", "b:c".into()),
+        ("a:b", "c".into()),
+        ("a%3Ab", "c".into()),
+        ("a", "%3Ab:c".into()),
+        ("s", "".into()),
+        ("s", " ".into()),
+        ("s", "  ".into()),
+        ("s", "\t".into()),
+        ("s", "\0".into()),
+        ("s", "#".into()),
+        ("s", "##".into()),
+        ("s", "#sha256:".into()),
+        ("s", long.clone()),
+        ("s", long[..200].into()),
+        ("s", long_digest_lookalike),
+        ("s", "café".into()),
+        ("s", "cafe".into()),
+        ("s", "k".into()),
+        ("s2", "k".into()),
+        ("", "s:k".into()),
+        ("s", "k ".into()),
+        ("s", "k\n".into()),
+        ("s", "K".into()),
+    ];
+    // The hex of a hashed key, written as a plain key.
+    let hex = RedisStore::redis_key(StoreKey {
+        scope: "s",
+        key: " ",
+    });
+    pairs.push((
+        "s",
+        hex.rsplit(':')
+            .next()
+            .unwrap()
+            .trim_start_matches('#')
+            .into(),
+    ));
+    pairs.into_iter().map(|(s, k)| (s.to_owned(), k)).collect()
+}
+
+/// Every tricky `(scope, key)` pair is claimed independently; on a server, each is its own key,
+/// and only long or non-printable keys are stored hashed; completing one scope's key leaves
+/// another scope's alone; a long key round-trips.
+pub async fn hashed_keys_and_scopes_are_isolated<B: Backend>(b: &B) {
+    let store = b.store();
+    let pairs = tricky_pairs();
+    // Every pair is claimed independently: none finds another's claim.
+    for (scope, key) in &pairs {
+        let k = StoreKey { scope, key };
+        assert_eq!(
+            store.claim(k, "t", None, LONG).await,
+            Ok(Claim::Acquired),
+            "({scope:?}, {key:?})"
+        );
+    }
+    if let Some(keys) = b.keys().await {
+        assert_eq!(keys.len(), pairs.len());
+        // Long and non-printable keys are stored hashed, and only those.
+        for k in &keys {
+            let tail = k.splitn(3, ':').nth(2).unwrap();
+            assert!(
+                tail.len() <= 200 && tail.bytes().all(|b| b.is_ascii_graphic()),
+                "{k:?}"
+            );
+        }
+    }
+    // Completing one scope's key leaves the other scope's alone.
+    let one = StoreKey {
+        scope: "s",
+        key: "k",
+    };
+    let two = StoreKey {
+        scope: "s2",
+        key: "k",
+    };
+    store.complete(one, "t", b"one", DAY).await.unwrap();
+    assert_eq!(
+        store.claim(one, "u", None, LONG).await,
+        Ok(Claim::Completed(b"one".to_vec()))
+    );
+    assert!(matches!(
+        store.claim(two, "u", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    let long = "x".repeat(5000);
+    let hashed = StoreKey {
+        scope: "s",
+        key: &long,
+    };
+    assert_eq!(
+        store.claim(hashed, "t", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
+    store.complete(hashed, "t", b"long", DAY).await.unwrap();
+    assert_eq!(
+        store.claim(hashed, "u", None, LONG).await,
+        Ok(Claim::Completed(b"long".to_vec()))
+    );
+}
+
+/// A clone shares the store: a claim through one is seen through the other.
+pub async fn a_clone_shares_the_store<B: Backend>(b: &B) {
+    let store = b.store();
+    let copy = store.clone();
+    assert_eq!(
+        store.claim(key("k"), "t", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
+    assert!(matches!(
+        copy.claim(key("k"), "u", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+}
+
+const KEYS: usize = 200;
+const RACERS: usize = 8;
+
+/// `RACERS` tasks each claim all `KEYS` keys, each starting at a different key; returns the
+/// keys each task won as `(task, key)`.
+pub async fn race<S: Store + Clone + 'static>(store: &S, tag: &str) -> Vec<(String, usize)> {
+    let mut tasks = Vec::new();
+    for c in 0..RACERS {
+        let store = store.clone();
+        let token = format!("{tag}-{c}");
+        tasks.push(tokio::spawn(async move {
+            let mut won = Vec::new();
+            for i in 0..KEYS {
+                let k = (i + c * KEYS / RACERS) % KEYS;
+                let key = format!("order-{k}");
+                let key = StoreKey {
+                    scope: "tests.conformance.race",
+                    key: &key,
+                };
+                match store
+                    .claim(key, &token, None, Duration::from_secs(120))
+                    .await
+                {
+                    Ok(Claim::Acquired) => won.push((token.clone(), k)),
+                    Ok(Claim::InProgress { .. }) => {}
+                    other => panic!("claim of {k}: {other:?}"),
+                }
+                // A store that answers without waiting (in memory) would let one task claim
+                // every key before the next starts.
+                tokio::task::yield_now().await;
+            }
+            won
+        }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        won.extend(t.await.expect("claimer task"));
+    }
+    won
+}
+
+/// Exactly one claimer won each of the `KEYS` keys.
+pub fn assert_one_winner_per_key(won: &[(String, usize)]) {
+    let mut winners: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for (who, k) in won {
+        winners.entry(*k).or_default().push(who);
+    }
+    for k in 0..KEYS {
+        let w = winners.get(&k).map_or(&[][..], Vec::as_slice);
+        assert_eq!(w.len(), 1, "key {k} won by {w:?}");
+    }
+    assert_eq!(won.len(), KEYS);
+}
+
+/// 200 keys, 8 concurrent claimers: exactly one winner per key.
+pub async fn two_hundred_keys_eight_concurrent_claimers_one_winner_each<B: Backend>(b: &B) {
+    let won = race(&b.store(), "task").await;
+    assert_one_winner_per_key(&won);
+    // More than one claimer won something: they really raced.
+    let distinct: HashSet<_> = won.iter().map(|(w, _)| w).collect();
+    assert!(distinct.len() > 1, "{distinct:?}");
+}
+
+/// How many times each order's body ran.
+pub struct Ledger {
+    /// Runs per order.
+    pub runs: Vec<AtomicU32>,
+}
+
+impl Ledger {
+    /// A ledger of `orders` orders, none run.
+    pub fn new(orders: usize) -> Arc<Self> {
+        Arc::new(Ledger {
+            runs: (0..orders).map(|_| AtomicU32::new(0)).collect(),
+        })
+    }
+
+    /// Body runs over every order.
+    pub fn total(&self) -> u32 {
+        self.runs.iter().map(|r| r.load(Ordering::SeqCst)).sum()
+    }
+}
+
+#[jobguard::idempotent(
+    store = *store,
+    key = order,
+    scope = "tests.conformance.charge",
+    in_progress = wait("30s")
+)]
+async fn charge<S: Store + Clone + 'static>(
+    store: &S,
+    ledger: &Ledger,
+    order: usize,
+    who: &str,
+) -> Result<String, Error> {
+    ledger.runs[order].fetch_add(1, Ordering::SeqCst);
+    // The side effect takes a moment, so the other deliveries find it in progress.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    Ok(format!("receipt {order} by {who}"))
+}
+
+/// `RACERS` tasks each deliver every order through `#[idempotent]`, each starting at a
+/// different one; returns every delivery's `(order, result)`.
+async fn deliver_all<S: Store + Clone + 'static>(
+    store: &S,
+    ledger: &Arc<Ledger>,
+    who: &str,
+) -> Vec<(usize, String)> {
+    let mut tasks = Vec::new();
+    for d in 0..RACERS {
+        let (store, ledger, who) = (store.clone(), ledger.clone(), format!("{who}/{d}"));
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for i in 0..KEYS {
+                let order = (i + d * KEYS / RACERS) % KEYS;
+                let receipt = charge(&store, &ledger, order, &who)
+                    .await
+                    .unwrap_or_else(|e| panic!("delivery of {order}: {e}"));
+                got.push((order, receipt));
+            }
+            got
+        }));
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        got.extend(t.await.expect("delivery task"));
+    }
+    got
+}
+
+/// 8 concurrent deliveries of 200 keys through `#[idempotent]`: each body runs once, and every
+/// delivery of an order gets the same receipt.
+pub async fn eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once<B: Backend>(b: &B) {
+    let store = b.store();
+    let ledger = Ledger::new(KEYS);
+    let got = deliver_all(&store, &ledger, "task").await;
+    assert_eq!(got.len(), KEYS * RACERS);
+    for (order, runs) in ledger.runs.iter().enumerate() {
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "order {order}");
+    }
+    let mut receipts: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
+    for (order, r) in &got {
+        receipts.entry(*order).or_default().insert(r);
+    }
+    assert_eq!(receipts.len(), KEYS);
+    for (order, r) in receipts {
+        assert_eq!(r.len(), 1, "order {order} got {r:?}");
+    }
+}
+
+/// A Redis value that is not a record (another type, another version, a malformed field, a
+/// claim without an expiry) is `Error::Corrupt` for `claim`, "not held" for the token
+/// operations, and left in place. Redis only: it writes the values with raw commands.
+pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store: &RedisStore) {
+    let raw = async |cmd: &mut redis::Cmd| -> redis::Value {
+        cmd.query_async(&mut store.connection())
+            .await
+            .expect("raw command")
+    };
+    let rk = |k: &str| RedisStore::redis_key(key(k));
+    let set = |name: &str, value: &[u8]| redis::cmd("SET").arg(rk(name)).arg(value).clone();
+    let cases: Vec<(&str, redis::Cmd)> = vec![
+        ("garbage", set("garbage", b"garbage")),
+        ("an empty string", set("empty", b"")),
+        (
+            "a hash",
+            redis::cmd("HSET").arg(rk("hash")).arg(&["v", "1"]).clone(),
+        ),
+        (
+            "a list",
+            redis::cmd("RPUSH").arg(rk("list")).arg("x").clone(),
+        ),
+        ("a future version", set("v2", b"jg2/dn{}")),
+        ("an unknown state", set("state", b"jg1/xn")),
+        ("a claim without a token", set("no-token", b"jg1/cn")),
+        (
+            "a token longer than the record",
+            set("short", b"jg1/c99:tok"),
+        ),
+        ("a malformed fingerprint", set("bad-fp", b"jg1/d7:fp{}")),
+        (
+            "trailing bytes after a claim",
+            set("trailing", b"jg1/c3:tokn!"),
+        ),
+        ("a claim without an expiry", set("forever", b"jg1/c3:tokn")),
+    ];
+    let names = [
+        "garbage", "empty", "hash", "list", "v2", "state", "no-token", "short", "bad-fp",
+        "trailing", "forever",
+    ];
+    for ((what, mut cmd), name) in cases.into_iter().zip(names) {
+        raw(&mut cmd).await;
+        let k = key(name);
+        let got = store.claim(k, "t", None, LONG).await;
+        assert!(matches!(got, Err(Error::Corrupt(_))), "{what}: {got:?}");
+        // The token operations treat it as not held, and leave it alone.
+        assert_eq!(
+            store.complete(k, "t", b"r", DAY).await,
+            Err(Error::LeaseLost),
+            "{what}"
+        );
+        assert_eq!(
+            store.renew(k, "t", LONG).await,
+            Err(Error::LeaseLost),
+            "{what}"
+        );
+        store.release(k, "t").await.unwrap();
+        let exists = raw(redis::cmd("EXISTS").arg(rk(name))).await;
+        assert_eq!(
+            exists,
+            redis::Value::Int(1),
+            "{what}: left in place for an operator to inspect"
+        );
+    }
+    let Err(Error::Corrupt(why)) = store.claim(key("v2"), "t", None, LONG).await else {
+        unreachable!()
+    };
+    assert!(why.contains("version 2"), "{why}");
+}

@@ -1,0 +1,38 @@
+//! A request dropped while its handler runs (the server cancels it, as when the connection
+//! closes) releases its claim, so the key is free again.
+
+mod http_support;
+
+use axum::body::Body;
+use http_support::{Handler, app};
+use jobguard::MemoryStore;
+use jobguard::http::IdempotencyLayer;
+use tower::Service;
+
+#[tokio::test]
+async fn a_request_dropped_mid_handler_releases_its_claim() {
+    let store = MemoryStore::new();
+    let (handler, _gate) = Handler::gated();
+    let mut service = app(handler.clone(), IdempotencyLayer::new(store.clone()));
+    std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut service, cx))
+        .await
+        .unwrap();
+    let request = http::Request::post("/charge/order-A")
+        .header("idempotency-key", "k")
+        .body(Body::from("{}"))
+        .unwrap();
+    let running = tokio::spawn(service.call(request));
+    handler.entered.notified().await;
+    assert_eq!(store.len(), 1, "the key is claimed while the handler runs");
+
+    running.abort();
+    assert!(running.await.unwrap_err().is_cancelled());
+    // The release runs on a task of its own: let it.
+    for _ in 0..1000 {
+        if store.is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(store.is_empty(), "the claim was released");
+}
