@@ -1,4 +1,5 @@
-//! `GuardLayer` on real apalis workers: the delivery a handler sees is the broker's count.
+//! `GuardLayer` on real apalis workers: the delivery that `jobguard::attempt()` gives inside the
+//! handler is the broker's count.
 //! On apalis-redis a failing task comes back with the next number, and the task's
 //! `max_attempts` marks the last; on apalis's in-memory storage every delivery is the only one.
 
@@ -11,8 +12,15 @@ use std::time::Duration;
 
 type Seen = Arc<Mutex<Vec<Option<Delivery>>>>;
 
+/// What a guarded call inside the handler reads of its delivery.
+#[jobguard::retry(attempts = 1)]
+async fn delivery_seen() -> Result<Option<Delivery>, std::io::Error> {
+    Ok(jobguard::attempt().and_then(|a| a.delivery))
+}
+
 async fn failing(_job: u32, seen: Data<Seen>) -> Result<(), std::io::Error> {
-    seen.lock().unwrap().push(Delivery::current());
+    let delivery = delivery_seen().await?;
+    seen.lock().unwrap().push(delivery);
     Err(std::io::ErrorKind::ConnectionReset.into())
 }
 
