@@ -1,42 +1,75 @@
-//! A web service that queues charge jobs and runs them in the background, against a flaky
-//! gateway: `order-A` times out twice then succeeds, `order-B` always times out. The charge
-//! example (`examples/charge.rs`) tells the scenario in full.
+//! A web service that queues charge jobs on apalis and answers at once, while workers run them
+//! against a flaky gateway: `order-A` times out twice then succeeds, `order-B` always times out.
+//! The charge example (`examples/charge.rs`) tells the scenario in full.
 //!
 //! ```text
-//! cargo run --example server                 # listens on 127.0.0.1:3000
+//! cargo run --example server                                  # 127.0.0.1:3000, all in this process
+//! cargo run --example server -- --redis redis://127.0.0.1:6379/   # jobs to Redis, run by examples/worker.rs
+//! cargo run --example server -- --redis URL --worker          # ... and by a worker in the server too
 //! curl -X POST 'http://127.0.0.1:3000/charge/order-A?key=idem-1'
 //! curl http://127.0.0.1:3000/state
 //! curl http://127.0.0.1:3000/metrics         # jobguard_attempts_total, jobguard_dead_lettered_total, ...
 //! ```
 //!
-//! - `POST /charge/{order_id}?key=K` queues a charge under the idempotency key `K` and answers
-//!   at once: `{"idempotency_key":K,"order_id":...,"status":"queued"}`.
+//! - `POST /charge/{order_id}?key=K` pushes a charge job under the idempotency key `K` and
+//!   answers at once: `{"idempotency_key":K,"order_id":...,"status":"queued"}`.
 //! - `GET /state` returns the state document: attempts, charges, retry delays, the idempotency
 //!   store and the dead letters.
-//! - `GET /metrics` returns jobguard's metrics in the Prometheus text format.
+//! - `GET /metrics` returns jobguard's metrics for the jobs this process ran, in the Prometheus
+//!   text format.
+//!
+//! Without flags, the jobs go to apalis's in-memory storage and an apalis worker in this process
+//! runs them, with jobguard's embedded stores: nothing survives a restart. With `--redis URL`,
+//! the jobs go to apalis's Redis storage, claims to `RedisStore` and dead letters to a Redis
+//! stream, and the workers are other processes (`cargo run --example worker -- --redis URL`),
+//! on this machine or others: a worker killed mid-job has its job re-enqueued by the broker and
+//! finished by another, once. The gateway keeps its journal (attempts, charges, delays, dead
+//! letters) in Redis then, so that this server's `GET /state` shows what every worker did.
 //!
 //! The service owns a Prometheus recorder for jobguard's metrics, which is the worker's local
 //! recorder while it polls a job, so several services in one process (tests) each count only
 //! their own jobs. A production service installs one recorder for the process with
 //! `metrics::set_global_recorder` instead.
 
+use apalis::prelude::*;
+use apalis_redis::RedisStorage;
 use axum::Json;
 use axum::extract::{Path, Query, State as Shared};
 use axum::http::header::{CONTENT_TYPE, HeaderName};
 use axum::routing::{get, post};
-use jobguard::{Event, MemoryDeadLetters, MemoryStore, Runtime, Store, StoreKey, Transient};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use futures::SinkExt;
+use jobguard::apalis::GuardLayer;
+use jobguard::{Event, MemoryDeadLetters, MemoryStore, RedisDeadLetters, RedisStore, Runtime};
+use jobguard::{Store, StoreKey, Transient};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+
+/// The apalis queue the server pushes to and the workers take from.
+pub const QUEUE: &str = "payments.charge";
+/// The Redis stream of dead letters.
+pub const DEAD_LETTERS: &str = "jobguard:dead_letters:charge";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:3000".to_owned());
-    let service = Service::start(MemoryStore::new(), MemoryDeadLetters::new());
+    let mut args = std::env::args().skip(1);
+    let (mut addr, mut redis, mut worker) = ("127.0.0.1:3000".to_owned(), None, false);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--redis" => redis = Some(args.next().ok_or("--redis needs a URL")?),
+            "--worker" => worker = true,
+            _ => addr = arg,
+        }
+    }
+    let service = match redis {
+        None => Service::start(MemoryStore::new(), MemoryDeadLetters::new()),
+        Some(url) => Service::start_redis(&url, worker).await?,
+    };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, router(service)).await?;
@@ -62,7 +95,7 @@ async fn charge_route(
     Path(order_id): Path<String>,
     Query(q): Query<KeyParam>,
 ) -> Json<serde_json::Value> {
-    service.enqueue(&order_id, &q.key);
+    service.enqueue(&order_id, &q.key).await;
     Json(serde_json::json!({"order_id": order_id, "idempotency_key": q.key, "status": "queued"}))
 }
 
@@ -73,12 +106,21 @@ async fn state_route(Shared(service): Shared<Service>) -> Json<State> {
 async fn metrics_route(
     Shared(service): Shared<Service>,
 ) -> ([(HeaderName, &'static str); 1], String) {
-    let rendered = service.metrics.render();
+    let rendered = service.recorder.handle().render();
     ([(CONTENT_TYPE, "text/plain; version=0.0.4")], rendered)
 }
 
-/// The job: idempotency outside, retry inside.
-#[jobguard::idempotent(key = key, scope = "payments.charge")]
+/// What the queue carries: one charge.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChargeJob {
+    pub order_id: String,
+    pub key: String,
+    pub amount: u64,
+}
+
+/// The job: idempotency outside, retry inside. The lease is short so that the job of a worker
+/// killed mid-charge is taken over within seconds.
+#[jobguard::idempotent(key = key, scope = "payments.charge", lease = "5s")]
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none, on = transient)]
 pub async fn charge(
     gateway: &Gateway,
@@ -87,6 +129,23 @@ pub async fn charge(
     key: &str,
 ) -> Result<Receipt, GatewayError> {
     gateway.capture(order_id, amount).await
+}
+
+/// The apalis handler: runs [`charge`] under the service's runtime and metrics recorder.
+///
+/// A give-up is settled: it is in the dead letters, and the broker does not deliver the job
+/// again. jobguard's own failures (the key in progress on a worker that died, the store out of
+/// reach) are handed back to the broker, which delivers the job again later.
+async fn handle(job: ChargeJob, service: Data<Service>) -> Result<Option<Receipt>, GatewayError> {
+    service.remember(&job.key, &job.order_id);
+    let charging = charge(&service.gateway, &job.order_id, job.amount, &job.key);
+    let result = recorded(&service.recorder, service.runtime.scope(charging)).await;
+    service.done.send_modify(|done| *done += 1);
+    match result {
+        Ok(receipt) => Ok(Some(receipt)),
+        Err(GatewayError::Jobguard(e)) => Err(GatewayError::Jobguard(e)),
+        Err(_) => Ok(None),
+    }
 }
 
 /// What the gateway returns for a captured payment; stored by `#[idempotent]` and replayed.
@@ -141,33 +200,135 @@ pub struct State {
     pub dead_letter: Vec<String>,
 }
 
+/// One line of the gateway's journal.
+enum Entry {
+    Attempt(String),
+    Charge(String),
+    Delay(f64),
+    DeadLetter(String),
+}
+
+/// Where the gateway keeps its journal and its count of tries per order: in this process, or in
+/// Redis where every worker process writes it.
+#[derive(Clone)]
+enum Journal {
+    Memory {
+        state: Arc<Mutex<State>>,
+        tries: Arc<Mutex<BTreeMap<String, u32>>>,
+    },
+    /// Lines go through one writer task, so they land in the order they were written.
+    Redis {
+        conn: ConnectionManager,
+        lines: mpsc::UnboundedSender<Entry>,
+    },
+}
+
+impl Journal {
+    fn memory() -> Journal {
+        Journal::Memory {
+            state: Arc::default(),
+            tries: Arc::default(),
+        }
+    }
+
+    fn redis(conn: ConnectionManager) -> Journal {
+        let (lines, mut pending) = mpsc::unbounded_channel::<Entry>();
+        let mut writer = conn.clone();
+        tokio::spawn(async move {
+            while let Some(entry) = pending.recv().await {
+                let (list, line) = match entry {
+                    Entry::Attempt(line) => ("demo:attempts", line),
+                    Entry::Charge(order) => ("demo:charges", order),
+                    Entry::Delay(secs) => ("demo:delays", secs.to_string()),
+                    Entry::DeadLetter(line) => ("demo:dead_letters", line),
+                };
+                if let Err(e) = writer.rpush::<_, _, ()>(list, &line).await {
+                    eprintln!("journal line lost ({e}): {line}");
+                }
+            }
+        });
+        Journal::Redis { conn, lines }
+    }
+
+    fn record(&self, entry: Entry) {
+        match self {
+            Journal::Memory { state, .. } => {
+                let mut state = state.lock().unwrap();
+                match entry {
+                    Entry::Attempt(line) => state.attempts.push(line),
+                    Entry::Charge(order) => state.charges.push(order),
+                    Entry::Delay(secs) => state.backoff_delays.push(secs),
+                    Entry::DeadLetter(line) => state.dead_letter.push(line),
+                }
+            }
+            Journal::Redis { lines, .. } => {
+                let _ = lines.send(entry);
+            }
+        }
+    }
+
+    /// Counts one more try of `order_id` and returns it.
+    async fn next_try(&self, order_id: &str) -> Result<u32, GatewayError> {
+        match self {
+            Journal::Memory { tries, .. } => {
+                let mut tries = tries.lock().unwrap();
+                let n = tries.entry(order_id.to_owned()).or_default();
+                *n += 1;
+                Ok(*n)
+            }
+            Journal::Redis { conn, .. } => conn
+                .clone()
+                .incr(format!("demo:tries:{order_id}"), 1)
+                .await
+                .map_err(|e| jobguard::Error::Store(e.to_string()).into()),
+        }
+    }
+
+    /// The journal's part of the state document.
+    async fn read(&self) -> State {
+        match self {
+            Journal::Memory { state, .. } => state.lock().unwrap().clone(),
+            Journal::Redis { conn, .. } => {
+                let mut conn = conn.clone();
+                let mut list = async |key: &str| -> Vec<String> {
+                    conn.lrange(key, 0, -1).await.unwrap_or_default()
+                };
+                State {
+                    attempts: list("demo:attempts").await,
+                    charges: list("demo:charges").await,
+                    backoff_delays: list("demo:delays")
+                        .await
+                        .iter()
+                        .filter_map(|d| d.parse().ok())
+                        .collect(),
+                    idempotency_store: BTreeMap::new(),
+                    dead_letter: list("demo:dead_letters").await,
+                }
+            }
+        }
+    }
+}
+
 /// A simulated gateway: `order-A` times out twice then succeeds; any other order always times
-/// out.
-#[derive(Default)]
+/// out. It counts tries per order in its journal, so the count holds across worker processes.
 pub struct Gateway {
-    state: Arc<Mutex<State>>,
-    tries: Mutex<BTreeMap<String, u32>>,
+    journal: Journal,
 }
 
 impl Gateway {
     /// Captures a payment, or times out.
     pub async fn capture(&self, order_id: &str, _amount: u64) -> Result<Receipt, GatewayError> {
-        let attempt = {
-            let mut tries = self.tries.lock().unwrap();
-            let n = tries.entry(order_id.to_owned()).or_default();
-            *n += 1;
-            *n
-        };
+        let attempt = self.journal.next_try(order_id).await?;
         let line = format!("{order_id} attempt {attempt}");
         println!("  {line}");
-        self.state.lock().unwrap().attempts.push(line);
+        self.journal.record(Entry::Attempt(line));
         if order_id != "order-A" || attempt < 3 {
             return Err(GatewayError::Timeout {
                 order_id: order_id.to_owned(),
                 attempt,
             });
         }
-        self.state.lock().unwrap().charges.push(order_id.to_owned());
+        self.journal.record(Entry::Charge(order_id.to_owned()));
         Ok(Receipt {
             order_id: order_id.to_owned(),
             attempts_used: attempt,
@@ -175,32 +336,87 @@ impl Gateway {
     }
 }
 
-/// The service: a queue, one background worker running [`charge`], the state it leaves and the
-/// metrics it records.
+/// Where the service pushes its jobs.
+#[derive(Clone)]
+enum Queue {
+    Memory(MemorySink<ChargeJob>),
+    Redis(Box<RedisStorage<ChargeJob>>),
+}
+
+/// The service: a queue on apalis, the state the workers leave, and the metrics this process's
+/// worker records.
 #[derive(Clone)]
 pub struct Service {
     gateway: Arc<Gateway>,
     runtime: Runtime,
     store: Arc<dyn Store>,
-    /// Idempotency key to order id, for every job queued.
+    queue: Queue,
+    /// Idempotency key to order id, for every job queued or run here.
     orders: Arc<Mutex<BTreeMap<String, String>>>,
-    queue: mpsc::UnboundedSender<(String, String)>,
-    /// How many jobs have finished.
+    /// How many jobs this process's worker has finished.
     done: Arc<watch::Sender<usize>>,
-    metrics: PrometheusHandle,
+    recorder: Arc<PrometheusRecorder>,
 }
 
 impl Service {
-    /// Starts the worker on the current tokio runtime. Jobs use `store` and send their dead
-    /// letters to `dead_letters`; an observer writes retries, replays and dead letters into the
-    /// state document as they happen.
+    /// The embedded service: jobs on apalis's in-memory storage, run by an apalis worker on the
+    /// current tokio runtime. Jobs use `store` and send their dead letters to `dead_letters`.
     pub fn start<S: Store + Clone + 'static>(
         store: S,
         dead_letters: impl jobguard::DeadLetterSink + 'static,
     ) -> Service {
-        let gateway = Arc::new(Gateway::default());
+        let (sender, receiver) = futures::channel::mpsc::unbounded::<Task<ChargeJob>>();
+        let sink: Box<
+            dyn futures::Sink<Task<ChargeJob>, Error = MemoryStorageError> + Send + Sync + Unpin,
+        > = Box::new(sender.sink_map_err(MemoryStorageError::from));
+        let sink = MemorySink::new(Arc::new(futures::lock::Mutex::new(sink)));
+        let storage = MemoryStorage::new_with(sink.clone(), Box::pin(receiver));
+        let service = Service::new(store, dead_letters, Journal::memory(), Queue::Memory(sink));
+        let worker = WorkerBuilder::new("server")
+            .backend(storage)
+            .data(service.clone())
+            .concurrency(1)
+            .layer(GuardLayer::new())
+            .build(handle);
+        tokio::spawn(worker.run());
+        service
+    }
+
+    /// The service on Redis: jobs on apalis's Redis storage at `url`, claims in `RedisStore`,
+    /// dead letters in a Redis stream. With `worker`, an apalis worker runs jobs in this process
+    /// too.
+    pub async fn start_redis(
+        url: &str,
+        worker: bool,
+    ) -> Result<Service, Box<dyn std::error::Error>> {
+        let conn = apalis_redis::connect(url).await?;
+        let storage = RedisStorage::<ChargeJob>::new(conn.clone()).with_config(redis_config());
+        let service = Service::new(
+            RedisStore::connect(url).await?,
+            RedisDeadLetters::connect(url, DEAD_LETTERS).await?,
+            Journal::redis(conn),
+            Queue::Redis(Box::new(storage.clone())),
+        );
+        if worker {
+            let worker = WorkerBuilder::new(format!("server-{}", std::process::id()))
+                .backend(storage)
+                .data(service.clone())
+                .concurrency(1)
+                .layer(GuardLayer::new())
+                .build(handle);
+            tokio::spawn(worker.run());
+        }
+        Ok(service)
+    }
+
+    fn new<S: Store + Clone + 'static>(
+        store: S,
+        dead_letters: impl jobguard::DeadLetterSink + 'static,
+        journal: Journal,
+        queue: Queue,
+    ) -> Service {
         let orders: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
-        let (state, seen) = (gateway.state.clone(), orders.clone());
+        let (lines, seen) = (journal.clone(), orders.clone());
         let order_of = move |key: &str| seen.lock().unwrap().get(key).cloned().unwrap_or_default();
         let runtime = Runtime::builder()
             .store(store.clone())
@@ -209,20 +425,19 @@ impl Service {
                 Event::Retry { delay, key, .. } => {
                     let order = order_of(key.unwrap_or_default());
                     println!("    retrying {order} in {:.1}s", delay.as_secs_f64());
-                    let delay = delay.as_secs_f64();
-                    state.lock().unwrap().backoff_delays.push(delay);
+                    lines.record(Entry::Delay(delay.as_secs_f64()));
                 }
                 Event::Replayed { key, .. } => {
                     let order = order_of(key);
                     let line = format!("{order} skipped: idempotency key {key} already processed");
                     println!("  {line}");
-                    state.lock().unwrap().attempts.push(line);
+                    lines.record(Entry::Attempt(line));
                 }
                 Event::DeadLetter(letter) => {
                     let key = letter.key.clone().unwrap_or_default();
                     let line = format!("{} key={key} gave up: {}", order_of(&key), letter.error);
                     println!("  dead letter: {line}");
-                    state.lock().unwrap().dead_letter.push(line);
+                    lines.record(Entry::DeadLetter(line));
                 }
                 _ => {}
             })
@@ -230,45 +445,49 @@ impl Service {
         let recorder = PrometheusBuilder::new().build_recorder();
         #[cfg(feature = "metrics")]
         metrics::with_local_recorder(&recorder, jobguard::observe::metrics::describe);
-        let (queue, mut jobs) = mpsc::unbounded_channel::<(String, String)>();
-        let service = Service {
-            gateway,
+        Service {
+            gateway: Arc::new(Gateway { journal }),
             runtime,
             store: Arc::new(store),
-            orders,
             queue,
+            orders,
             done: Arc::new(watch::channel(0).0),
-            metrics: recorder.handle(),
-        };
-        let worker = service.clone();
-        tokio::spawn(async move {
-            while let Some((order_id, key)) = jobs.recv().await {
-                // A job's failure ends as a dead letter; nothing escapes into the service.
-                let charging = charge(&worker.gateway, &order_id, 100, &key);
-                let _ = recorded(&recorder, worker.runtime.scope(charging)).await;
-                worker.done.send_modify(|done| *done += 1);
-            }
-        });
-        service
+            recorder: Arc::new(recorder),
+        }
     }
 
-    /// Queues a charge and returns at once.
-    pub fn enqueue(&self, order_id: &str, key: &str) {
+    fn remember(&self, key: &str, order_id: &str) {
         self.orders
             .lock()
             .unwrap()
             .insert(key.to_owned(), order_id.to_owned());
-        let _ = self.queue.send((order_id.to_owned(), key.to_owned()));
     }
 
-    /// Waits until `n` jobs in all have finished.
+    /// Pushes a charge of 100 to the queue and returns.
+    pub async fn enqueue(&self, order_id: &str, key: &str) {
+        self.remember(key, order_id);
+        let job = ChargeJob {
+            order_id: order_id.to_owned(),
+            key: key.to_owned(),
+            amount: 100,
+        };
+        let pushed = match self.queue.clone() {
+            Queue::Memory(mut sink) => sink.send(Task::new(job)).await.map_err(|e| e.to_string()),
+            Queue::Redis(mut storage) => storage.push(job).await.map_err(|e| e.to_string()),
+        };
+        if let Err(e) = pushed {
+            eprintln!("charge of {order_id} not queued: {e}");
+        }
+    }
+
+    /// Waits until this process's worker has finished `n` jobs in all.
     pub async fn finished(&self, n: usize) {
         let _ = self.done.subscribe().wait_for(|done| *done >= n).await;
     }
 
     /// The state document, with the idempotency store read back from the store itself.
     pub async fn state(&self) -> State {
-        let mut state = self.gateway.state.lock().unwrap().clone();
+        let mut state = self.gateway.journal.read().await;
         let keys: Vec<String> = self.orders.lock().unwrap().keys().cloned().collect();
         for key in keys {
             if let Some(receipt) = completed(&*self.store, &key).await {
@@ -277,6 +496,15 @@ impl Service {
         }
         state
     }
+}
+
+/// apalis-redis's settings, the same in the server and in every worker: a worker whose heartbeat
+/// stops for 2 s is dead, and its jobs go back on the queue.
+pub fn redis_config() -> apalis_redis::Config {
+    apalis_redis::Config::default()
+        .queue(QUEUE)
+        .heartbeat_interval(Duration::from_secs(1))
+        .missed_heartbeats(2)
 }
 
 /// Runs `fut` with `recorder` as the local recorder of whichever thread polls it, so the
@@ -298,7 +526,7 @@ async fn completed(store: &dyn Store, key: &str) -> Option<Receipt> {
         scope: "payments.charge",
         key,
     };
-    let claim = store.claim(key, "state-reader", None, std::time::Duration::from_secs(1));
+    let claim = store.claim(key, "state-reader", None, Duration::from_secs(1));
     match claim.await.ok()? {
         jobguard::Claim::Completed(bytes) => {
             serde_json::from_slice::<Record>(&bytes).ok().map(|r| r.ok)

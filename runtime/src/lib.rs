@@ -57,6 +57,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "apalis")]
+pub mod apalis;
 mod attempt;
 mod bounds;
 pub mod breaker;

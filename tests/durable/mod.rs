@@ -1,0 +1,349 @@
+//! A test worker for the durable-job tests, and the harness that runs, crashes and restarts it.
+//!
+//! The worker is an apalis worker on apalis's Redis storage, like `examples/worker.rs`, with one
+//! job that increments a counter in Redis (the side effect), under `#[idempotent]` with
+//! `RedisStore`. Unlike the example, its job carries crash points: the environment variable
+//! [`CRASH_ENV`] names the jobs at which a worker stops dead, once per job and point, and waits
+//! to be killed; the harness sees the announcement and kills that worker with `SIGKILL`
+//! (`Child::kill`), then starts a new one.
+//!
+//! A worker runs one job at a time, so a kill lands exactly where a crash point says: a SIGKILL
+//! ends every job in flight, and one caught between its effect and its stored result would be in
+//! the window that `durable_window.rs` shows on purpose.
+//!
+//! Each test binary runs itself as a worker process: its `worker` test does nothing unless
+//! [`WORKER_ENV`] holds a Redis URL, and then runs a worker until it is killed.
+
+#![allow(dead_code)]
+
+use apalis::prelude::*;
+use apalis_redis::RedisStorage;
+use jobguard::apalis::{Delivery, GuardLayer};
+use jobguard::{MemoryDeadLetters, RedisStore, Runtime};
+use jobguard_testkit::redis::rerun_test;
+use redis::AsyncCommands;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use std::process::{Child, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Set to a Redis URL, it makes the test binary's `worker` test run a worker.
+pub const WORKER_ENV: &str = "JOBGUARD_DURABLE_WORKER";
+/// Crash points: `point:id,id;point:id`, with `point` one of `before` (the claim is held, the
+/// effect not done), `effect` (the effect done, the result not stored) and `acked` (the result
+/// stored, the task not acknowledged to the broker).
+pub const CRASH_ENV: &str = "JOBGUARD_TEST_CRASH";
+
+/// The apalis queue the tests use.
+const QUEUE: &str = "durable";
+/// The list where a worker that reached a crash point announces `pid point id`.
+const HOLDS: &str = "test:holds";
+
+/// One job: an id, and how its effect reaches the downstream.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Job {
+    /// The job's id, and its idempotency key.
+    pub id: u32,
+    /// How the effect is applied.
+    pub downstream: Downstream,
+}
+
+/// How the job's side effect reaches the downstream system.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub enum Downstream {
+    /// `INCR effect:{id}`: every run that gets this far counts.
+    Plain,
+    /// The key goes with the write, and the downstream applies a key once: `INCR effect:{id}`
+    /// only when `applied:{id}` was not set.
+    Dedupe,
+}
+
+/// The apalis-redis settings of the tests: a worker whose heartbeat stops for 2 s is dead, and
+/// its tasks go back on the queue.
+pub fn config() -> apalis_redis::Config {
+    apalis_redis::Config::default()
+        .queue(QUEUE)
+        .heartbeat_interval(Duration::from_secs(1))
+        .missed_heartbeats(2)
+        .batch_size(4)
+}
+
+/// Pushes each job `times` times, one copy of every job after another.
+pub async fn push(url: &str, jobs: &[Job], times: usize) {
+    let conn = apalis_redis::connect(url)
+        .await
+        .expect("connect the producer");
+    let mut storage = RedisStorage::<Job>::new(conn).with_config(config());
+    for _ in 0..times {
+        for job in jobs {
+            storage.push(*job).await.expect("push a job");
+        }
+    }
+}
+
+/// Worker processes of one test, killed when dropped.
+pub struct Workers {
+    url: String,
+    test: &'static str,
+    crash: String,
+    children: Vec<Child>,
+    /// The crash points at which a worker was killed, as `(point, id)`.
+    pub kills: Vec<(String, u32)>,
+}
+
+impl Workers {
+    /// Starts `n` workers by re-running the test binary's `test` (its `worker` test).
+    pub fn start(url: &str, test: &'static str, crash: &str, n: usize) -> Workers {
+        let mut workers = Workers {
+            url: url.to_owned(),
+            test,
+            crash: crash.to_owned(),
+            children: Vec::new(),
+            kills: Vec::new(),
+        };
+        for _ in 0..n {
+            let child = workers.spawn();
+            workers.children.push(child);
+        }
+        workers
+    }
+
+    fn spawn(&self) -> Child {
+        rerun_test(self.test)
+            .env(WORKER_ENV, &self.url)
+            .env(CRASH_ENV, &self.crash)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start a worker process")
+    }
+
+    /// Kills (SIGKILL) every worker that announced a crash point, and starts one in its place.
+    /// Returns how many it killed.
+    pub async fn kill_held(&mut self, redis: &mut ConnectionManager) -> usize {
+        let mut killed = 0;
+        while let Some(hold) = redis
+            .lpop::<_, Option<String>>(HOLDS, None)
+            .await
+            .expect("read the holds")
+        {
+            let mut parts = hold.split(' ');
+            let pid: u32 = parts.next().and_then(|p| p.parse().ok()).expect("pid");
+            let point = parts.next().expect("point").to_owned();
+            let id: u32 = parts.next().and_then(|p| p.parse().ok()).expect("id");
+            let index = self
+                .children
+                .iter()
+                .position(|c| c.id() == pid)
+                .unwrap_or_else(|| panic!("no worker with pid {pid} announced {hold}"));
+            let mut child = self.children.swap_remove(index);
+            child.kill().expect("SIGKILL the worker");
+            child.wait().expect("reap the worker");
+            self.children.push(self.spawn());
+            self.kills.push((point, id));
+            killed += 1;
+        }
+        for child in &mut self.children {
+            if let Some(status) = child.try_wait().expect("poll a worker") {
+                panic!("a worker exited on its own: {status}");
+            }
+        }
+        killed
+    }
+
+    /// Kills held workers and restarts them until `done` tasks are acknowledged as done, or
+    /// panics with the state after `limit`.
+    pub async fn run_until_done(&mut self, done: usize, limit: Duration) {
+        let mut redis = connect(&self.url).await;
+        let done_set = config().done_jobs_set();
+        let deadline = Instant::now() + limit;
+        loop {
+            self.kill_held(&mut redis).await;
+            let finished: usize = redis.scard(&done_set).await.expect("count done tasks");
+            if finished >= done {
+                return;
+            }
+            if Instant::now() > deadline {
+                let dead: usize = redis
+                    .scard(config().dead_jobs_set())
+                    .await
+                    .expect("count dead tasks");
+                panic!(
+                    "{finished} of {done} tasks done after {limit:?} ({dead} dead); kills so far: {:?}",
+                    self.kills
+                );
+            }
+            // Polls the broker's progress; the workers run on their own.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A connection to the test's server.
+pub async fn connect(url: &str) -> ConnectionManager {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    ConnectionManager::new(client)
+        .await
+        .expect("connect to the test's redis-server")
+}
+
+/// How many times job `id`'s effect landed.
+pub async fn effects(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("effect:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// How many times job `id`'s body reached its effect.
+pub async fn runs(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("runs:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// The delivery numbers the body of job `id` saw, in order.
+pub async fn deliveries(redis: &mut ConnectionManager, id: u32) -> Vec<u32> {
+    redis
+        .lrange(format!("deliveries:{id}"), 0, -1)
+        .await
+        .expect("LRANGE")
+}
+
+// The worker side.
+
+static REDIS: OnceLock<ConnectionManager> = OnceLock::new();
+static CRASHES: OnceLock<Vec<(String, u32)>> = OnceLock::new();
+
+fn redis() -> ConnectionManager {
+    REDIS.get().expect("the worker's connection").clone()
+}
+
+/// Runs a worker when [`WORKER_ENV`] is set; returns at once otherwise.
+pub fn worker_if_asked() {
+    let Ok(url) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let crashes = std::env::var(CRASH_ENV).unwrap_or_default();
+    CRASHES
+        .set(parse_crashes(&crashes))
+        .expect("crash points set once");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(run_worker(&url));
+}
+
+/// The crash points of a [`CRASH_ENV`] value, as `(point, id)`.
+pub fn parse_crashes(spec: &str) -> Vec<(String, u32)> {
+    spec.split(';')
+        .filter(|part| !part.is_empty())
+        .flat_map(|part| {
+            let (point, ids) = part.split_once(':').expect("point:ids");
+            ids.split(',')
+                .map(move |id| (point.to_owned(), id.parse().expect("a job id")))
+        })
+        .collect()
+}
+
+async fn run_worker(url: &str) {
+    REDIS
+        .set(connect(url).await)
+        .unwrap_or_else(|_| panic!("connection set once"));
+    Runtime::builder()
+        .store(RedisStore::connect(url).await.expect("RedisStore"))
+        .dead_letters(MemoryDeadLetters::new())
+        .build()
+        .install()
+        .expect("the first runtime installed in this process");
+    let storage = RedisStorage::<Job>::new(apalis_redis::connect(url).await.expect("connect"))
+        .with_config(config());
+    WorkerBuilder::new(format!("worker-{}", std::process::id()))
+        .backend(storage)
+        .concurrency(1)
+        .layer(GuardLayer::new())
+        .build(handle)
+        .run()
+        .await
+        .expect("the worker runs until it is killed");
+}
+
+/// The handler: the idempotent job, then the point between the stored result and the ack.
+async fn handle(job: Job) -> Result<u64, jobguard::Error> {
+    let id = job.id;
+    let n = effect(job).await?;
+    crash_point("acked", id).await;
+    Ok(n)
+}
+
+#[jobguard::idempotent(key = job.id, scope = "durable.effect", lease = "2s")]
+async fn effect(job: Job) -> Result<u64, jobguard::Error> {
+    let mut redis = redis();
+    if let Some(delivery) = Delivery::current() {
+        let _: () = redis
+            .rpush(format!("deliveries:{}", job.id), delivery.number)
+            .await
+            .map_err(store)?;
+    }
+    crash_point("before", job.id).await;
+    let _: () = redis
+        .incr(format!("runs:{}", job.id), 1)
+        .await
+        .map_err(store)?;
+    let n: u64 = match job.downstream {
+        Downstream::Plain => redis.incr(format!("effect:{}", job.id), 1).await,
+        Downstream::Dedupe => {
+            redis::Script::new(
+                "if redis.call('SET', KEYS[1], '1', 'NX') then \
+                     return redis.call('INCR', KEYS[2]) \
+                 end \
+                 return tonumber(redis.call('GET', KEYS[2]))",
+            )
+            .key(format!("applied:{}", job.id))
+            .key(format!("effect:{}", job.id))
+            .invoke_async(&mut redis)
+            .await
+        }
+    }
+    .map_err(store)?;
+    crash_point("effect", job.id).await;
+    Ok(n)
+}
+
+fn store(e: redis::RedisError) -> jobguard::Error {
+    jobguard::Error::Store(e.to_string())
+}
+
+/// At a crash point named for this job, the first worker to reach it announces itself and
+/// stops, holding everything it holds, until the harness kills it.
+async fn crash_point(point: &str, id: u32) {
+    let crashes = CRASHES.get().expect("crash points");
+    if !crashes.iter().any(|(p, i)| p == point && *i == id) {
+        return;
+    }
+    let mut redis = redis();
+    let first: bool = redis::cmd("SET")
+        .arg(format!("held:{point}:{id}"))
+        .arg(std::process::id())
+        .arg("NX")
+        .query_async::<Option<String>>(&mut redis)
+        .await
+        .expect("SET NX")
+        .is_some();
+    if !first {
+        return;
+    }
+    let _: () = redis
+        .rpush(HOLDS, format!("{} {point} {id}", std::process::id()))
+        .await
+        .expect("announce the crash point");
+    std::future::pending::<()>().await;
+}
