@@ -7,12 +7,16 @@
 //! cargo run --example server -- --redis redis://127.0.0.1:6379/   # jobs to Redis, run by examples/worker.rs
 //! cargo run --example server -- --redis URL --worker          # ... and by a worker in the server too
 //! curl -X POST 'http://127.0.0.1:3000/charge/order-A?key=idem-1'
+//! curl -X POST -H 'Idempotency-Key: idem-9' http://127.0.0.1:3000/charge/order-C   # a client's key
 //! curl http://127.0.0.1:3000/state
 //! curl http://127.0.0.1:3000/metrics         # jobguard_attempts_total, jobguard_dead_lettered_total, ...
 //! ```
 //!
 //! - `POST /charge/{order_id}?key=K` pushes a charge job under the idempotency key `K` and
-//!   answers at once: `{"idempotency_key":K,"order_id":...,"status":"queued"}`.
+//!   answers at once: `{"idempotency_key":K,"order_id":...,"status":"queued"}`. A client may
+//!   send the key as an `Idempotency-Key` header instead: `jobguard::http::IdempotencyLayer`
+//!   then replays the first answer to every repeat (`Idempotent-Replayed: true`), answers `409`
+//!   to a repeat while the first is in flight and `422` to the same key on another request.
 //! - `GET /state` returns the state document: attempts, charges, retry delays, the idempotency
 //!   store and the dead letters.
 //! - `GET /metrics` returns jobguard's metrics for the jobs this process ran, in the Prometheus
@@ -36,9 +40,11 @@ use apalis_redis::RedisStorage;
 use axum::Json;
 use axum::extract::{Path, Query, State as Shared};
 use axum::http::header::{CONTENT_TYPE, HeaderName};
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use futures::SinkExt;
 use jobguard::apalis::GuardLayer;
+use jobguard::http::IdempotencyLayer;
 use jobguard::{Event, MemoryDeadLetters, MemoryStore, RedisDeadLetters, RedisStore, Runtime};
 use jobguard::{Store, StoreKey, Transient};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
@@ -76,27 +82,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The routes: `POST /charge/{order_id}?key=K`, `GET /state`, `GET /metrics`.
+/// The routes: `POST /charge/{order_id}` (`?key=K` or an `Idempotency-Key` header),
+/// `GET /state`, `GET /metrics`.
+///
+/// `IdempotencyLayer` guards the POST: a client that repeats a request with the same
+/// `Idempotency-Key` gets the first answer replayed (`Idempotent-Replayed: true`) and queues no
+/// second job; a repeat while the first is being answered is `409`, the same key with another
+/// request `422`. Requests without the header (`?key=K`, as a queue's producer sends them) pass
+/// through; the job itself is idempotent under its key either way.
 pub fn router(service: Service) -> axum::Router {
+    let requests = IdempotencyLayer::new(service.store.clone()).required(false);
     axum::Router::new()
         .route("/charge/{order_id}", post(charge_route))
         .route("/state", get(state_route))
         .route("/metrics", get(metrics_route))
         .with_state(service)
+        .layer(requests)
 }
 
 #[derive(Deserialize)]
 struct KeyParam {
-    key: String,
+    key: Option<String>,
 }
 
 async fn charge_route(
     Shared(service): Shared<Service>,
     Path(order_id): Path<String>,
     Query(q): Query<KeyParam>,
-) -> Json<serde_json::Value> {
-    service.enqueue(&order_id, &q.key).await;
-    Json(serde_json::json!({"order_id": order_id, "idempotency_key": q.key, "status": "queued"}))
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, (StatusCode, Json<serde_json::Value>)> {
+    // The job's key: `?key=K`, else the request's `Idempotency-Key` (a bare token or a
+    // structured-field string, which the layer has already checked).
+    let header = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().trim_matches('"').to_owned());
+    let Some(key) = q.key.or(header) else {
+        let problem = serde_json::json!({
+            "title": "no idempotency key",
+            "detail": "send the charge's key as ?key=K or in an Idempotency-Key header",
+        });
+        return Err((StatusCode::BAD_REQUEST, Json(problem)));
+    };
+    service.enqueue(&order_id, &key).await;
+    Ok(Json(
+        serde_json::json!({"order_id": order_id, "idempotency_key": key, "status": "queued"}),
+    ))
 }
 
 async fn state_route(Shared(service): Shared<Service>) -> Json<State> {

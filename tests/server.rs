@@ -137,3 +137,55 @@ async fn metrics_show_the_attempts_and_the_dead_letter() {
         "{rendered}"
     );
 }
+
+/// One HTTP/1.1 POST with an `Idempotency-Key` header; returns the status code, the head and
+/// the body.
+async fn post_with_key(addr: std::net::SocketAddr, path: &str, key: &str) -> (u16, String, String) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nIdempotency-Key: {key}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, head.to_owned(), body.to_owned())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_key_replays_the_first_answer_and_queues_one_job() {
+    let (service, addr) = serve().await;
+    let (status, head, first) = post_with_key(addr, "/charge/order-A", "idem-7").await;
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&first).unwrap(),
+        serde_json::json!({"order_id": "order-A", "idempotency_key": "idem-7", "status": "queued"})
+    );
+    service.finished(1).await;
+
+    // The client's retry: the layer replays the stored answer byte for byte; no job is queued.
+    let (status, head, again) = post_with_key(addr, "/charge/order-A", "idem-7").await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.lines()
+            .any(|h| h.eq_ignore_ascii_case("idempotent-replayed: true")),
+        "{head}"
+    );
+    assert_eq!(again, first);
+
+    // The same key on another request is refused, and queues nothing either.
+    let (status, head, problem) = post_with_key(addr, "/charge/order-B", "idem-7").await;
+    assert_eq!(status, 422, "{head}\n{problem}");
+    assert!(
+        head.lines()
+            .any(|h| h.eq_ignore_ascii_case("content-type: application/problem+json")),
+        "{head}"
+    );
+
+    let (_, state) = http(addr, "GET", "/state").await;
+    assert_eq!(state["charges"], serde_json::json!(["order-A"]));
+    // One job ran: order-A's gateway times out twice, then charges.
+    assert_eq!(state["attempts"].as_array().unwrap().len(), 3, "{state}");
+}
