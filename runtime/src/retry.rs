@@ -594,12 +594,19 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match *this.state {
+            // Every state but a running attempt is handled here; admitting an attempt goes
+            // straight on to its first poll below, without another turn of the loop.
+            let cut = match *this.state {
+                State::Run { cut } => cut,
                 State::Admit => match (this.retry.admit(), *this.lift) {
-                    (Admitted::Run, _) => *this.state = State::Run { cut: Origin::Body },
+                    (Admitted::Run, _) => {
+                        *this.state = State::Run { cut: Origin::Body };
+                        Origin::Body
+                    }
                     (Admitted::Until(at, cut), _) => {
                         this.timer.set(Some(tokio::time::sleep_until(at)));
                         *this.state = State::Run { cut };
+                        cut
                     }
                     (Admitted::Refused(retry_in), Some(lift)) => {
                         // Refused: no attempt is made or counted.
@@ -609,62 +616,13 @@ where
                             .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
                         *this.state =
                             Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                        continue;
                     }
                     // Only a guarded round has a breaker to refuse it.
                     (Admitted::Refused(_), None) => {
                         unreachable!("a breaker on an unguarded round")
                     }
                 },
-                State::Run { cut } => {
-                    let polled = {
-                        #[cfg(feature = "tracing")]
-                        let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
-                        let attempt = this.attempt.as_mut();
-                        attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
-                    };
-                    let (result, origin) = match polled {
-                        Poll::Ready(result) => (result, Origin::Body),
-                        Poll::Pending => {
-                            let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
-                            match (limit, *this.lift) {
-                                (Some(Poll::Ready(())), Some(lift)) => {
-                                    let error = match cut {
-                                        Origin::Budget => Error::Budget,
-                                        _ => Error::Timeout,
-                                    };
-                                    (Err(lift(error)), cut)
-                                }
-                                _ => {
-                                    this.retry.stamp();
-                                    return Poll::Pending;
-                                }
-                            }
-                        }
-                    };
-                    let verdict = match (&result, origin) {
-                        (Ok(value), _) => match this.on_ok.take() {
-                            Some(on_ok) => on_ok(value),
-                            None => Verdict::Fail,
-                        },
-                        (Err(error), Origin::Body) => match this.on_err.take() {
-                            Some(on_err) => on_err(error).into(),
-                            None => Verdict::Fail,
-                        },
-                        // The runtime's own failures are classified by the runtime.
-                        (Err(_), Origin::Timeout) => Verdict::Retry,
-                        (Err(_), _) => Verdict::Fail,
-                    };
-                    let next = match &result {
-                        Ok(_) if verdict == Verdict::Fail => {
-                            this.retry.succeeded();
-                            *this.state = State::Done;
-                            return Poll::Ready(ControlFlow::Break(result));
-                        }
-                        Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
-                        Err(error) => this.retry.failed(error, origin, verdict),
-                    };
-                    *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
-                }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
                         ready!(delay.poll(cx));
@@ -685,7 +643,56 @@ where
                     }
                 }
                 State::Done => panic!("a retry round polled after it resolved"),
-            }
+            };
+            // The attempt runs.
+            let polled = {
+                #[cfg(feature = "tracing")]
+                let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
+                let attempt = this.attempt.as_mut();
+                attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
+            };
+            let (result, origin) = match polled {
+                Poll::Ready(result) => (result, Origin::Body),
+                Poll::Pending => {
+                    let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
+                    match (limit, *this.lift) {
+                        (Some(Poll::Ready(())), Some(lift)) => {
+                            let error = match cut {
+                                Origin::Budget => Error::Budget,
+                                _ => Error::Timeout,
+                            };
+                            (Err(lift(error)), cut)
+                        }
+                        _ => {
+                            this.retry.stamp();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            };
+            let verdict = match (&result, origin) {
+                (Ok(value), _) => match this.on_ok.take() {
+                    Some(on_ok) => on_ok(value),
+                    None => Verdict::Fail,
+                },
+                (Err(error), Origin::Body) => match this.on_err.take() {
+                    Some(on_err) => on_err(error).into(),
+                    None => Verdict::Fail,
+                },
+                // The runtime's own failures are classified by the runtime.
+                (Err(_), Origin::Timeout) => Verdict::Retry,
+                (Err(_), _) => Verdict::Fail,
+            };
+            let next = match &result {
+                Ok(_) if verdict == Verdict::Fail => {
+                    this.retry.succeeded();
+                    *this.state = State::Done;
+                    return Poll::Ready(ControlFlow::Break(result));
+                }
+                Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
+                Err(error) => this.retry.failed(error, origin, verdict),
+            };
+            *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
         }
     }
 }
