@@ -1,8 +1,9 @@
 //! The retry engine: one attempt at a time, classified, delayed, given up on.
 //!
 //! [`Retry`] is what one call of a job keeps from one attempt to the next (the attempt count,
-//! the breaker permit, what a dead letter will need). [`Round`] is one turn of the loop: a
-//! future that admits an attempt, runs it, and then sleeps before the next one or gives up.
+//! what a dead letter will need). [`Round`] is one turn of the loop: a future that admits an
+//! attempt (with the breaker's permit for it), runs it, and then sleeps before the next one or
+//! gives up.
 //! `#[retry]` expands to a `loop` over [`Retry::attempt`] and [`Policy::run`] is the same loop
 //! for closures; both drive [`Round`].
 //!
@@ -102,8 +103,6 @@ pub struct Retry<'a> {
     watch: Watch,
     /// The installed runtime when the call started, if any (see [`Current::installed`]).
     installed: Option<&'static Runtime>,
-    /// The runtime in scope, looked up the first time the call needs it.
-    runtime: Option<Current>,
     /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
     running: Running,
     /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
@@ -113,11 +112,27 @@ pub struct Retry<'a> {
     last_wall: Option<SystemTime>,
     /// Whether the current attempt's wall-clock start has been taken.
     stamped: bool,
-    permit: Option<Permit<'a>>,
     /// What only a failure needs, allocated at the first one.
     failures: Option<Box<Failures>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
+}
+
+impl Drop for Retry<'_> {
+    /// A call that never failed only finds its failure state absent; the state of one that did
+    /// is dropped out of line.
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(failures) = self.failures.take() {
+            drop_failures(failures);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn drop_failures(failures: Box<Failures>) {
+    drop(failures);
 }
 
 /// The state only a failing call needs.
@@ -126,6 +141,8 @@ struct Failures {
     previous_delay: Duration,
     rng: Option<SmallRng>,
     trail: Trail,
+    /// The runtime in scope, looked up the first time a failure needs it.
+    runtime: Option<Current>,
 }
 
 impl<'a> Retry<'a> {
@@ -153,7 +170,6 @@ impl<'a> Retry<'a> {
             payload: None,
             watch: crate::observe::watch(),
             installed: Current::installed(),
-            runtime: None,
             running: Running {
                 number: 0,
                 started: None,
@@ -162,7 +178,6 @@ impl<'a> Retry<'a> {
             first_wall: None,
             last_wall: None,
             stamped: false,
-            permit: None,
             failures: None,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
@@ -236,10 +251,11 @@ impl<'a> Retry<'a> {
         Round::new(self, attempt, on_err, Some(E::from))
     }
 
-    /// The runtime in scope, looked up once per call.
+    /// The runtime in scope, looked up once per failing call.
     fn runtime(&mut self) -> &Runtime {
         let installed = self.installed;
-        self.runtime
+        self.failures()
+            .runtime
             .get_or_insert_with(|| Current::with_installed(installed))
     }
 
@@ -252,6 +268,7 @@ impl<'a> Retry<'a> {
                 previous_delay: base,
                 rng: None,
                 trail: Trail::new(),
+                runtime: None,
             })
         })
     }
@@ -259,33 +276,31 @@ impl<'a> Retry<'a> {
     /// Raises `event` for whoever watches, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
-        let runtime = match self.watch {
-            Watch::Nobody => return,
-            Watch::Integrations => None,
-            Watch::Observers => {
-                let installed = self.installed;
-                Some(
-                    &*self
-                        .runtime
-                        .get_or_insert_with(|| Current::with_installed(installed)),
-                )
-            }
-        };
+        if self.watch == Watch::Nobody {
+            return;
+        }
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.job, self.key);
-        match runtime {
-            Some(runtime) => runtime.emit_job(event, self.known),
-            None => crate::observe::record_job(event, self.known),
+        let (known, installed) = (self.known, self.installed);
+        match (self.watch, self.failures.as_mut()) {
+            // A failing call keeps the runtime beside its failure state; a call that has not
+            // failed holds nothing to drop and looks the runtime up for the event.
+            (Watch::Observers, Some(failures)) => failures
+                .runtime
+                .get_or_insert_with(|| Current::with_installed(installed))
+                .emit_job(event, known),
+            (Watch::Observers, None) => Current::with_installed(installed).emit_job(event, known),
+            _ => crate::observe::record_job(event, known),
         }
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
     #[inline(always)]
-    fn admit(&mut self) -> Admitted {
+    fn admit(&mut self, permit: &mut Option<Permit<'a>>) -> Admitted {
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
-                Ok(permit) => self.permit = Some(permit),
+                Ok(granted) => *permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
             }
         }
@@ -352,8 +367,8 @@ impl<'a> Retry<'a> {
 
     /// Books an accepted outcome: the breaker's permit, the event.
     #[inline(always)]
-    fn succeeded(&mut self) {
-        if let Some(permit) = self.permit.take() {
+    fn succeeded(&mut self, permit: Option<Permit<'a>>) {
+        if let Some(permit) = permit {
             permit.success();
         }
         if self.watch != Watch::Nobody {
@@ -368,12 +383,18 @@ impl<'a> Retry<'a> {
     /// What follows an outcome that was not accepted: the delay before the next attempt, or the
     /// give-up and its dead letter on their way to the sink.
     #[cold]
-    fn failed(&mut self, failure: &dyn Display, origin: Origin, verdict: Verdict) -> Next<'a> {
+    fn failed(
+        &mut self,
+        failure: &dyn Display,
+        origin: Origin,
+        verdict: Verdict,
+        permit: Option<Permit<'a>>,
+    ) -> Next<'a> {
         self.stamp();
         self.failures().trail.failed(failure);
         // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
         // nothing about the dependency's health: its permit is dropped here, neutral.
-        if let Some(permit) = self.permit.take()
+        if let Some(permit) = permit
             && (verdict.is_retryable() || origin == Origin::Budget)
         {
             permit.failure();
@@ -511,6 +532,8 @@ pin_project_lite::pin_project! {
         // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
         lift: Option<fn(Error) -> E>,
         state: State,
+        // The breaker's permit for the attempt, while it runs.
+        permit: Option<Permit<'a>>,
         // While giving up: the dead letter on its way, and the result to return after it.
         giving_up: Option<GivingUp<'a, T, E>>,
         #[pin]
@@ -552,6 +575,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: None,
             lift,
             state: State::Admit,
+            permit: None,
             giving_up: None,
             attempt,
             timer: None,
@@ -574,6 +598,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: Some(on_ok),
             lift: self.lift,
             state: self.state,
+            permit: self.permit,
             giving_up: self.giving_up,
             attempt: self.attempt,
             timer: self.timer,
@@ -594,77 +619,35 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match *this.state {
-                State::Admit => match (this.retry.admit(), *this.lift) {
-                    (Admitted::Run, _) => *this.state = State::Run { cut: Origin::Body },
+            // Every state but a running attempt is handled here; admitting an attempt goes
+            // straight on to its first poll below, without another turn of the loop.
+            let cut = match *this.state {
+                State::Run { cut } => cut,
+                State::Admit => match (this.retry.admit(this.permit), *this.lift) {
+                    (Admitted::Run, _) => {
+                        *this.state = State::Run { cut: Origin::Body };
+                        Origin::Body
+                    }
                     (Admitted::Until(at, cut), _) => {
                         this.timer.set(Some(tokio::time::sleep_until(at)));
                         *this.state = State::Run { cut };
+                        cut
                     }
                     (Admitted::Refused(retry_in), Some(lift)) => {
                         // Refused: no attempt is made or counted.
                         let refused = Error::CircuitOpen { retry_in };
-                        let next = this
-                            .retry
-                            .failed(&refused, Origin::CircuitOpen, Verdict::Fail);
+                        let next =
+                            this.retry
+                                .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
                         *this.state =
                             Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                        continue;
                     }
                     // Only a guarded round has a breaker to refuse it.
                     (Admitted::Refused(_), None) => {
                         unreachable!("a breaker on an unguarded round")
                     }
                 },
-                State::Run { cut } => {
-                    let polled = {
-                        #[cfg(feature = "tracing")]
-                        let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
-                        let attempt = this.attempt.as_mut();
-                        attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
-                    };
-                    let (result, origin) = match polled {
-                        Poll::Ready(result) => (result, Origin::Body),
-                        Poll::Pending => {
-                            let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
-                            match (limit, *this.lift) {
-                                (Some(Poll::Ready(())), Some(lift)) => {
-                                    let error = match cut {
-                                        Origin::Budget => Error::Budget,
-                                        _ => Error::Timeout,
-                                    };
-                                    (Err(lift(error)), cut)
-                                }
-                                _ => {
-                                    this.retry.stamp();
-                                    return Poll::Pending;
-                                }
-                            }
-                        }
-                    };
-                    let verdict = match (&result, origin) {
-                        (Ok(value), _) => match this.on_ok.take() {
-                            Some(on_ok) => on_ok(value),
-                            None => Verdict::Fail,
-                        },
-                        (Err(error), Origin::Body) => match this.on_err.take() {
-                            Some(on_err) => on_err(error).into(),
-                            None => Verdict::Fail,
-                        },
-                        // The runtime's own failures are classified by the runtime.
-                        (Err(_), Origin::Timeout) => Verdict::Retry,
-                        (Err(_), _) => Verdict::Fail,
-                    };
-                    let next = match &result {
-                        Ok(_) if verdict == Verdict::Fail => {
-                            this.retry.succeeded();
-                            *this.state = State::Done;
-                            return Poll::Ready(ControlFlow::Break(result));
-                        }
-                        Ok(_) => this.retry.failed(&OkRetried, origin, verdict),
-                        Err(error) => this.retry.failed(error, origin, verdict),
-                    };
-                    *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
-                }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
                         ready!(delay.poll(cx));
@@ -685,7 +668,60 @@ where
                     }
                 }
                 State::Done => panic!("a retry round polled after it resolved"),
-            }
+            };
+            // The attempt runs.
+            let polled = {
+                #[cfg(feature = "tracing")]
+                let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
+                let attempt = this.attempt.as_mut();
+                attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
+            };
+            let (result, origin) = match polled {
+                Poll::Ready(result) => (result, Origin::Body),
+                Poll::Pending => {
+                    let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
+                    match (limit, *this.lift) {
+                        (Some(Poll::Ready(())), Some(lift)) => {
+                            let error = match cut {
+                                Origin::Budget => Error::Budget,
+                                _ => Error::Timeout,
+                            };
+                            (Err(lift(error)), cut)
+                        }
+                        _ => {
+                            this.retry.stamp();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            };
+            let verdict = match (&result, origin) {
+                (Ok(value), _) => match this.on_ok.take() {
+                    Some(on_ok) => on_ok(value),
+                    None => Verdict::Fail,
+                },
+                (Err(error), Origin::Body) => match this.on_err.take() {
+                    Some(on_err) => on_err(error).into(),
+                    None => Verdict::Fail,
+                },
+                // The runtime's own failures are classified by the runtime.
+                (Err(_), Origin::Timeout) => Verdict::Retry,
+                (Err(_), _) => Verdict::Fail,
+            };
+            let next = match &result {
+                Ok(_) if verdict == Verdict::Fail => {
+                    this.retry.succeeded(this.permit.take());
+                    *this.state = State::Done;
+                    return Poll::Ready(ControlFlow::Break(result));
+                }
+                Ok(_) => this
+                    .retry
+                    .failed(&OkRetried, origin, verdict, this.permit.take()),
+                Err(error) => this
+                    .retry
+                    .failed(error, origin, verdict, this.permit.take()),
+            };
+            *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
         }
     }
 }
