@@ -70,6 +70,7 @@
 //! whose handler panicked, releases it.
 
 use crate::Error;
+use crate::idempotency::{new_token, release};
 use crate::observe::{Event, log_error};
 use crate::runtime::Current;
 use crate::store::{Claim, Store, StoreKey};
@@ -528,23 +529,6 @@ async fn store_record(
             }
         }
     }
-}
-
-async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
-    for _ in 0..3 {
-        if store.release(key, token).await.is_ok() {
-            return;
-        }
-    }
-    log_error(format_args!(
-        "jobguard: claim on {}:{} could not be released; it lapses with its lease",
-        key.scope, key.key
-    ));
-}
-
-fn new_token() -> String {
-    use rand::Rng;
-    format!("{:032x}", rand::rng().random::<u128>())
 }
 
 /// The key this request claims, with what releasing it needs, owned: a request dropped while it

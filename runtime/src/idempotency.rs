@@ -31,23 +31,18 @@
 use crate::attempt::FirstAttempt;
 use crate::bounds::{FromJobguard, Replayable};
 use crate::observe::{Event, log_error};
+pub(crate) use crate::store::record::new_token;
+use crate::store::record::{decode, encode_record};
 use crate::store::{Claim, Store, StoreKey};
 use crate::{Error, Runtime};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The format version of stored records.
-pub const RECORD_VERSION: u32 = 1;
-
-/// Default time a completed result is kept: 24 hours.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
-/// Default claim lease: 30 seconds, renewed while the work runs.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+pub use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, RECORD_VERSION};
 
 /// One idempotent call: the key, its namespace, and how to treat a key already claimed.
 #[must_use]
@@ -62,18 +57,6 @@ pub struct Idempotent<'a> {
     wait: Option<Duration>,
     fingerprint: Option<String>,
     store: Option<Arc<dyn Store>>,
-}
-
-#[derive(Serialize)]
-struct RecordOut<'a, T> {
-    v: u32,
-    ok: &'a T,
-}
-
-#[derive(Deserialize)]
-struct RecordIn<T> {
-    v: u32,
-    ok: T,
 }
 
 impl<'a> Idempotent<'a> {
@@ -281,10 +264,7 @@ impl<'a> Idempotent<'a> {
         value: T,
         observe: &impl Fn(Event<'_>),
     ) -> Result<T, E> {
-        let record = match serde_json::to_vec(&RecordOut {
-            v: RECORD_VERSION,
-            ok: &value,
-        }) {
+        let record = match encode_record(&value) {
             Ok(r) => r,
             Err(e) => {
                 log_error(format_args!(
@@ -334,38 +314,9 @@ impl<'a> Idempotent<'a> {
     }
 }
 
-/// The stored form of a job's `Ok` value, as every store keeps it.
-#[cfg(feature = "postgres")]
-pub(crate) fn encode_record<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(&RecordOut {
-        v: RECORD_VERSION,
-        ok: value,
-    })
-}
-
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    #[derive(Deserialize)]
-    struct Version {
-        v: u32,
-    }
-    let version: Version = serde_json::from_slice(bytes)
-        .map_err(|e| Error::Corrupt(format!("idempotency record is not JSON: {e}")))?;
-    if version.v != RECORD_VERSION {
-        return Err(Error::Corrupt(format!(
-            "idempotency record format version {} (this build reads {RECORD_VERSION})",
-            version.v
-        )));
-    }
-    let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| {
-        Error::Corrupt(format!(
-            "idempotency record's result does not decode as this job's type: {e}"
-        ))
-    })?;
-    debug_assert_eq!(record.v, RECORD_VERSION);
-    Ok(record.ok)
-}
-
-async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
+/// Releases `token`'s claim, trying a few times; a claim that cannot be released lapses with
+/// its lease. Shared with the HTTP layer.
+pub(crate) async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
     for _ in 0..3 {
         if store.release(key, token).await.is_ok() {
             return;
@@ -375,11 +326,6 @@ async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
         "jobguard: claim on {}:{} could not be released; it lapses with its lease",
         key.scope, key.key
     ));
-}
-
-pub(crate) fn new_token() -> String {
-    use rand::Rng;
-    format!("{:032x}", rand::rng().random::<u128>())
 }
 
 /// Releases the claim when the work is cancelled (its future dropped) or panics.

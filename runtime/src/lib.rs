@@ -34,6 +34,9 @@
 //! it, so there is no circle. (`std`, `tokio` and the other dependencies are free.)
 //!
 //! - `__private` (hidden): what expansions call. Re-exports only; nothing in the crate calls it.
+//! - `http` (feature `http`): the `Idempotency-Key` layer. May import `idempotency`, `runtime`,
+//!   `store`, `observe`, `error`.
+//! - `apalis` (feature `apalis`): the job runner's layer. May import `attempt`.
 //! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
 //!   below except `idempotency` and `store`.
 //! - [`idempotency`]: claim, run, store, replay. May import `runtime`, `store`, `observe`,
@@ -43,8 +46,10 @@
 //! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
 //!   `observe`.
 //! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
-//!   import `observe`, `record`, `classify`, `error`; the Redis sink shares the Redis store's
-//!   connection settings and its one TLS crypto-provider installer.
+//!   import `observe`, `record`, `classify`, `bounds`, `error`; the Redis sink
+//!   shares the Redis store's connection settings and its one TLS crypto-provider installer.
+//!   `store::record` holds the stored form of a result and the claim token, which
+//!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share.
 //! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
 //!   views. May import `record`, `classify`.
 //! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May

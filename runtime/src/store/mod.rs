@@ -12,6 +12,7 @@ use std::time::Duration;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub(crate) mod record;
 #[cfg(feature = "redis")]
 pub mod redis;
 

@@ -73,7 +73,7 @@
 
 use super::{Claim, Store, StoreFuture, StoreKey};
 use crate::Error;
-use crate::idempotency::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
+use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres, Row};
@@ -575,8 +575,8 @@ impl InTransaction<'_> {
     pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-        T: crate::__private::Replayable,
-        E: crate::__private::FromJobguard,
+        T: crate::bounds::Replayable,
+        E: crate::bounds::FromJobguard,
     {
         let InTransaction {
             conn,
