@@ -47,7 +47,7 @@ pub fn classify<E, C: FnOnce(&E) -> V, V: Into<Verdict>>(classifier: C, error: &
 
 /// `on_ok = path`: the classifier's verdict on the `Ok` value.
 #[inline(always)]
-pub fn classify_ok<T, K: crate::retry::OkClassifier<T>>(classifier: K, value: &T) -> Verdict {
+pub fn classify_ok<T, K: OkClassifier<T>>(classifier: K, value: &T) -> Verdict {
     classifier.classify(value)
 }
 
@@ -113,3 +113,23 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 )]
 pub trait FromJobguard: From<crate::Error> {}
 impl<E: From<crate::Error>> FromJobguard for E {}
+
+/// An `on_ok` classifier: `fn(&T) -> Verdict` or `fn(&T) -> bool` (`true` retries), or a
+/// closure of either shape.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify the job's `Ok` value of type `{T}`",
+    label = "`on_ok` needs a `fn(&{T}) -> jobguard::Verdict` or `fn(&{T}) -> bool`",
+    note = "return `Verdict::Retry` (or `true`) to retry the value, `Verdict::RetryAfter(d)` to retry after `d`, and `Verdict::Fail` (or `false`) to accept it"
+)]
+pub trait OkClassifier<T> {
+    /// What the value says about trying again.
+    fn classify(self, value: &T) -> Verdict;
+}
+
+#[diagnostic::do_not_recommend]
+impl<T, V: Into<Verdict>, K: FnOnce(&T) -> V> OkClassifier<T> for K {
+    #[inline]
+    fn classify(self, value: &T) -> Verdict {
+        self(value).into()
+    }
+}

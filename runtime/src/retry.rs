@@ -584,7 +584,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
 
     /// Classifies the `Ok` value too: `on_ok` returning [`Verdict::Retry`] or
     /// [`Verdict::RetryAfter`] retries it like a transient failure (expansions pass an
-    /// [`OkClassifier`] through `__private::classify_ok`). When the attempts
+    /// [`OkClassifier`](crate::bounds::OkClassifier) through `__private::classify_ok`). When the attempts
     /// run out on a retried value, that last value is returned and the job is dead-lettered as
     /// [`GiveUp::Exhausted`].
     #[inline]
@@ -748,26 +748,6 @@ impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
                 State::GiveUp
             }
         }
-    }
-}
-
-/// An `on_ok` classifier: `fn(&T) -> Verdict` or `fn(&T) -> bool` (`true` retries), or a
-/// closure of either shape.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot classify the job's `Ok` value of type `{T}`",
-    label = "`on_ok` needs a `fn(&{T}) -> jobguard::Verdict` or `fn(&{T}) -> bool`",
-    note = "return `Verdict::Retry` (or `true`) to retry the value, `Verdict::RetryAfter(d)` to retry after `d`, and `Verdict::Fail` (or `false`) to accept it"
-)]
-pub trait OkClassifier<T> {
-    /// What the value says about trying again.
-    fn classify(self, value: &T) -> Verdict;
-}
-
-#[diagnostic::do_not_recommend]
-impl<T, V: Into<Verdict>, K: FnOnce(&T) -> V> OkClassifier<T> for K {
-    #[inline]
-    fn classify(self, value: &T) -> Verdict {
-        self(value).into()
     }
 }
 
