@@ -15,17 +15,15 @@
 //! Every wait polls the nodes (`CLUSTER INFO`, `CLUSTER NODES`, `INFO replication`) with a
 //! deadline; none sleeps for a guessed time.
 
+use crate::process::{free_port, is_executable, on_path, unique_dir};
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Set to `1` to make missing Redis binaries a test failure rather than a skip.
-pub const REQUIRE_ENV: &str = "JOBGUARD_REQUIRE_REDIS";
-/// Names the `redis-server` binary to run, instead of searching `PATH`.
-pub const SERVER_ENV: &str = "JOBGUARD_REDIS_SERVER";
+pub use crate::redis::BINARY_ENV as SERVER_ENV;
+pub use crate::redis::REQUIRE_ENV;
 /// Names the `redis-cli` binary to run, instead of searching beside `redis-server` and `PATH`.
 pub const CLI_ENV: &str = "JOBGUARD_REDIS_CLI";
 
@@ -140,7 +138,7 @@ impl RedisCluster {
                 return None;
             }
         };
-        let dir = unique_dir();
+        let dir = unique_dir("jobguard-cluster");
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let mut cluster = RedisCluster {
@@ -345,7 +343,7 @@ impl RedisCluster {
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         // A port found free can be taken before the server binds it; then try others.
         for _ in 0..10 {
-            let (port, bus_port) = (free_port(), free_port());
+            let (port, bus_port) = (free_port(6379), free_port(6379));
             if port == bus_port {
                 continue;
             }
@@ -718,41 +716,4 @@ fn find_cli() -> Option<PathBuf> {
         .and_then(|s| Some(s.parent()?.join("redis-cli")))
         .filter(|p| is_executable(p));
     beside_server.or_else(|| on_path("redis-cli"))
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join(name))
-        .find(|candidate| is_executable(candidate))
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-fn unique_dir() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    std::env::temp_dir().join(format!(
-        "jobguard-cluster-{}-{n}-{nanos}",
-        std::process::id()
-    ))
-}
-
-/// A loopback port that was free a moment ago, never 6379.
-fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-        let port = listener.local_addr().expect("local address").port();
-        if port != 6379 {
-            return port;
-        }
-    }
 }

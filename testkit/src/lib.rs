@@ -9,5 +9,6 @@ pub mod alloc;
 pub mod cluster;
 pub mod conformance;
 pub mod postgres;
+mod process;
 pub mod prometheus;
 pub mod redis;

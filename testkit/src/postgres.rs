@@ -19,10 +19,9 @@
 //!
 //! Only the standard library is used, so a test can include this file with `#[path]`.
 
-use std::net::{Ipv4Addr, TcpListener};
+use crate::process::{free_port, is_executable, unique_dir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Set to `1` to make missing Postgres binaries a test failure rather than a skip.
 pub const REQUIRE_ENV: &str = "JOBGUARD_REQUIRE_POSTGRES";
@@ -66,7 +65,7 @@ impl PgServer {
             eprintln!("skipping: {why}");
             return None;
         };
-        let dir = unique_dir();
+        let dir = unique_dir("jgpg");
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let as_service_user = is_root();
@@ -113,7 +112,7 @@ impl PgServer {
         );
         // A port found free can be taken before the server binds it; then try another.
         for _ in 0..10 {
-            server.port = free_port();
+            server.port = free_port(5432);
             if server.pg_ctl_start() {
                 return Some(server);
             }
@@ -307,31 +306,4 @@ fn find_bin() -> Option<PathBuf> {
         .collect();
     versions.sort();
     versions.pop().map(|(_, dir)| dir)
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-fn unique_dir() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    // Short: the socket's path must fit in 107 bytes.
-    std::env::temp_dir().join(format!("jgpg-{}-{n}-{nanos}", std::process::id()))
-}
-
-/// A loopback port that was free a moment ago, never Postgres' default 5432.
-fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-        let port = listener.local_addr().expect("local address").port();
-        if port != 5432 {
-            return port;
-        }
-    }
 }

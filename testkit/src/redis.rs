@@ -13,11 +13,11 @@
 //! `JOBGUARD_REQUIRE_REDIS=1` (as in CI), where it panics instead. It never uses port 6379 or
 //! a server it did not start.
 
+use crate::process::{free_port, on_path, unique_dir};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Set to `1` to make a missing `redis-server` a test failure rather than a skip.
@@ -89,7 +89,7 @@ impl RedisServer {
             eprintln!("skipping: {why}");
             return None;
         };
-        let dir = unique_dir();
+        let dir = unique_dir("jobguard-redis");
         std::fs::create_dir_all(&dir)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         let mut server = RedisServer {
@@ -102,9 +102,9 @@ impl RedisServer {
         };
         // A port found free can be taken before the server binds it; then try another.
         for _ in 0..10 {
-            server.port = free_port();
+            server.port = free_port(6379);
             if server.options.tls.is_some() {
-                server.tls_port = Some(free_port());
+                server.tls_port = Some(free_port(6379));
             }
             if server.spawn_and_wait() {
                 return Some(server);
@@ -257,37 +257,7 @@ fn find_binary() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(BINARY_ENV) {
         return Some(PathBuf::from(path));
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
-        .map(|dir| dir.join("redis-server"))
-        .find(|candidate| is_executable(candidate))
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    path.metadata()
-        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-fn unique_dir() -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    std::env::temp_dir().join(format!("jobguard-redis-{}-{n}-{nanos}", std::process::id()))
-}
-
-/// A loopback port that was free a moment ago, never 6379.
-fn free_port() -> u16 {
-    loop {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-        let port = listener.local_addr().expect("local address").port();
-        if port != 6379 {
-            return port;
-        }
-    }
+    on_path("redis-server")
 }
 
 /// The `process_id` that the server on `port` reports in `INFO server`, if one answers.
