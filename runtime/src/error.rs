@@ -35,6 +35,15 @@ pub enum Error {
     /// A stored record (an idempotency record, a dead letter or its payload) could not be
     /// decoded. The message says which.
     Corrupt(String),
+    /// The job's claims were abandoned `crashes` times (each lease lapsed without a result or a
+    /// release: the worker running it died), which reached the job's crash limit
+    /// (`#[idempotent(crashes = N)]`, 3 by default). The job is refused from now on: it is not run
+    /// again, so a job that kills its worker cannot take the worker pool down in a loop.
+    /// Permanent.
+    Poisoned {
+        /// The abandoned claims counted.
+        crashes: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -52,6 +61,10 @@ impl fmt::Display for Error {
             Error::LeaseLost => f.write_str("idempotency lease lost before the result was stored"),
             Error::Store(msg) => write!(f, "store unavailable: {msg}"),
             Error::Corrupt(msg) => write!(f, "corrupt record: {msg}"),
+            Error::Poisoned { crashes } => write!(
+                f,
+                "job refused: its worker died {crashes} times while running it (poison job)"
+            ),
         }
     }
 }

@@ -100,7 +100,7 @@ pub use store::memory::MemoryStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
-pub use store::{Claim, Store, StoreKey};
+pub use store::{Claim, ClaimOptions, Claimed, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

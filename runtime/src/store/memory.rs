@@ -26,7 +26,7 @@
 //! no operation holds a lock for long, however many records expire at once. A claim that finds
 //! no room looks at up to 256 buckets before it gives up.
 
-use super::{Claim, Store, StoreFuture, StoreKey};
+use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::BTreeMap;
@@ -216,6 +216,9 @@ struct Shard {
     table: HashTable<Record>,
     /// Completed records, oldest first: completion stamp → where to find the record.
     order: BTreeMap<u64, Done>,
+    /// Released keys' records (their generation and crash count), oldest first: the first to
+    /// go when room is short, floor or not.
+    freed: BTreeMap<u64, Done>,
     /// The records' heap allocations, in bytes (see [`heap_bytes`]).
     heap: usize,
     /// The next bucket the expiry sweep looks at.
@@ -224,11 +227,24 @@ struct Shard {
     last_stamp: u64,
 }
 
-/// A completed record's entry in [`Shard::order`].
+/// A completed, released or poisoned record's entry in [`Shard::order`].
 #[derive(Clone, Copy)]
 struct Done {
     hash: u64,
     expires: u64,
+}
+
+/// What a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// A claim: live until its lease ends, abandoned after.
+    Claimed,
+    /// A completed job's result.
+    Completed,
+    /// A released claim: only the key's generation and crash count are kept.
+    Free,
+    /// A job refused for good: its crash count reached its limit.
+    Poisoned,
 }
 
 /// One `(scope, key)`'s record.
@@ -238,13 +254,18 @@ struct Record {
     id: Box<str>,
     scope_len: u32,
     key_len: u32,
+    /// Abandoned claims counted.
+    crashes: u32,
     fingerprinted: bool,
-    completed: bool,
-    /// Nanoseconds since the epoch: the lease's end while claimed, the TTL's once completed.
+    state: State,
+    /// Nanoseconds since the epoch: when the record is dropped (a claim's TTL from its claim, a
+    /// completed record's from its completion).
     expires: u64,
-    /// The completion stamp ([`Shard::order`]'s key) once completed.
-    stamp: u64,
-    /// The claim's token while claimed, the stored result once completed.
+    /// The lease's end while claimed; the stamp ([`Shard::order`]'s key) in any other state.
+    at: u64,
+    /// The claim's number among the key's claims, from 1.
+    generation: u64,
+    /// The claim's token while claimed, the stored result once completed, nothing otherwise.
     payload: Box<[u8]>,
 }
 
@@ -254,6 +275,7 @@ impl Record {
         key: StoreKey<'_>,
         token: &str,
         fingerprint: Option<&str>,
+        lease_end: u64,
         expires: u64,
     ) -> Result<Self, Error> {
         let too_long = || Error::Store("memory store: scope or key longer than 4 GiB".into());
@@ -269,10 +291,12 @@ impl Record {
             id: id.into_boxed_str(),
             scope_len,
             key_len,
+            crashes: 0,
             fingerprinted: fingerprint.is_some(),
-            completed: false,
-            expires,
-            stamp: 0,
+            state: State::Claimed,
+            expires: expires.max(lease_end),
+            at: lease_end,
+            generation: 1,
             payload: token.as_bytes().into(),
         })
     }
@@ -289,7 +313,17 @@ impl Record {
 
     /// `token` holds a live claim on this record.
     fn held_by(&self, token: &str, now: u64) -> bool {
-        !self.completed && *self.payload == *token.as_bytes() && self.expires > now
+        self.live_claim(now) && *self.payload == *token.as_bytes()
+    }
+
+    /// A claim whose lease has not ended.
+    fn live_claim(&self, now: u64) -> bool {
+        self.state == State::Claimed && self.at > now
+    }
+
+    /// Whether the record has a place in [`Shard::order`], under its stamp [`Record::at`].
+    fn ordered(&self) -> bool {
+        self.state != State::Claimed
     }
 
     fn heap(&self) -> usize {
@@ -341,7 +375,7 @@ impl Tally {
 impl Shard {
     /// Bytes counted against the bound.
     fn bytes(&self) -> usize {
-        self.table.allocation_size() + self.heap + self.order.len() * ORDER_ENTRY_BYTES
+        self.table.allocation_size() + self.heap + self.ordered() * ORDER_ENTRY_BYTES
     }
 
     /// Whether the table doubles on the next insert: it has no room left, and too few of its
@@ -369,7 +403,7 @@ impl Shard {
                 table = (2 * table).max(4 * (size_of::<Record>() + 1) + 16);
             }
         }
-        table + self.heap + heap + self.order.len() * ORDER_ENTRY_BYTES <= limits.max_bytes
+        table + self.heap + heap + self.ordered() * ORDER_ENTRY_BYTES <= limits.max_bytes
     }
 
     /// Gives up completed records, oldest first and never one younger than the floor, until
@@ -393,8 +427,20 @@ impl Shard {
         self.fits(limits, heap, adding)
     }
 
-    /// Drops the oldest completed record if it expired or is older than `floor`.
+    /// Entries in the two orders.
+    fn ordered(&self) -> usize {
+        self.order.len() + self.freed.len()
+    }
+
+    /// Drops the oldest released key's record, else the oldest completed record if it expired
+    /// or is older than `floor`.
     fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
+        if let Some((stamp, done)) = self.freed.pop_first() {
+            // A released key's history is given up quietly: no job's result is forgotten.
+            self.remove_ordered(done.hash, stamp);
+            tally.expired += 1;
+            return true;
+        }
         let Some((&stamp, &done)) = self.order.first_key_value() else {
             return false;
         };
@@ -404,7 +450,7 @@ impl Shard {
             return false;
         }
         self.order.pop_first();
-        self.remove_completed(done.hash, stamp);
+        self.remove_ordered(done.hash, stamp);
         if expired {
             tally.expired += 1;
         } else {
@@ -413,20 +459,49 @@ impl Shard {
         true
     }
 
-    fn remove_completed(&mut self, hash: u64, stamp: u64) {
+    /// Takes `record`'s entry out of its order.
+    fn unorder(order: &mut BTreeMap<u64, Done>, freed: &mut BTreeMap<u64, Done>, record: &Record) {
+        match record.state {
+            State::Claimed => {}
+            State::Free => {
+                freed.remove(&record.at);
+            }
+            State::Completed | State::Poisoned => {
+                order.remove(&record.at);
+            }
+        }
+    }
+
+    fn remove_ordered(&mut self, hash: u64, stamp: u64) {
         if let Ok(entry) = self
             .table
-            .find_entry(hash, |r| r.completed && r.stamp == stamp)
+            .find_entry(hash, |r| r.ordered() && r.at == stamp)
         {
             let (record, _) = entry.remove();
             self.heap -= record.heap();
         }
     }
 
+    /// Puts a record just made [`ordered`](Record::ordered) at the young end of the order, and
+    /// returns its stamp.
+    fn order_now(
+        order: &mut BTreeMap<u64, Done>,
+        last_stamp: &mut u64,
+        now: u64,
+        done: Done,
+    ) -> u64 {
+        let stamp = now.max(*last_stamp + 1);
+        *last_stamp = stamp;
+        order.insert(stamp, done);
+        stamp
+    }
+
     /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order, then
     /// looks at `buckets` buckets of the table for any other expired record (a lapsed claim, a
     /// record with a shorter TTL than older ones).
-    fn expire_some(&mut self, buckets: usize, now: u64, tally: &mut Tally) {
+    /// `pressed`: the shard is out of room, and abandoned claims (kept so the next claim can count
+    /// them) go too.
+    fn expire_some(&mut self, buckets: usize, now: u64, pressed: bool, tally: &mut Tally) {
         for _ in 0..EXPIRE_STEP {
             match self.order.first_key_value() {
                 Some((_, done)) if done.expires <= now => {
@@ -441,15 +516,15 @@ impl Shard {
         }
         for _ in 0..buckets.min(n) {
             self.cursor = (self.cursor + 1) & (n - 1);
-            if let Ok(entry) = self.table.get_bucket_entry(self.cursor)
-                && entry.get().expires <= now
-            {
-                let (record, _) = entry.remove();
-                self.heap -= record.heap();
-                if record.completed {
-                    self.order.remove(&record.stamp);
+            if let Ok(entry) = self.table.get_bucket_entry(self.cursor) {
+                let record = entry.get();
+                let lapsed = pressed && record.state == State::Claimed && record.at <= now;
+                if record.expires <= now || lapsed {
+                    let (record, _) = entry.remove();
+                    self.heap -= record.heap();
+                    Self::unorder(&mut self.order, &mut self.freed, &record);
+                    tally.expired += 1;
                 }
-                tally.expired += 1;
             }
         }
     }
@@ -458,58 +533,97 @@ impl Shard {
         &mut self,
         op: &mut Op<'_>,
         token: &str,
-        fingerprint: Option<&str>,
-        expires: u64,
-    ) -> Result<Claim, Error> {
+        options: &ClaimOptions<'_>,
+    ) -> Result<Claimed, Error> {
         let (key, hash, now, limits) = (op.key, op.hash, op.now, &op.limits);
         let tally = &mut op.tally;
+        let fingerprint = options.fingerprint;
+        let lease_end = now.saturating_add(nanos(options.lease));
+        let keep = now.saturating_add(nanos(options.ttl));
         if let Some(record) = self.table.find_mut(hash, |r| r.is(hash, key)) {
+            let (mut generation, mut crashes) = (record.generation, 0);
             if record.expires > now {
-                if let (Some(theirs), Some(ours)) = (record.fingerprint(), fingerprint)
-                    && theirs != ours
-                {
-                    return Ok(Claim::KeyReused);
-                }
-                return Ok(if record.completed {
-                    Claim::Completed(record.payload.to_vec())
-                } else {
-                    Claim::InProgress {
-                        retry_in: Duration::from_nanos(record.expires - now),
+                let reused = matches!(
+                    (record.fingerprint(), fingerprint),
+                    (Some(theirs), Some(ours)) if theirs != ours
+                );
+                crashes = record.crashes;
+                match record.state {
+                    State::Completed if reused => return Ok(Claimed::KeyReused),
+                    State::Completed => return Ok(Claimed::Completed(record.payload.to_vec())),
+                    State::Poisoned => {
+                        return Ok(Claimed::Poisoned {
+                            crashes,
+                            first: false,
+                        });
                     }
-                });
+                    State::Claimed if record.at > now && reused => {
+                        return Ok(Claimed::KeyReused);
+                    }
+                    State::Claimed if record.at > now => {
+                        return Ok(Claimed::InProgress {
+                            retry_in: Duration::from_nanos(record.at - now),
+                        });
+                    }
+                    // Abandoned: its worker died (or stalled past its lease). Counted.
+                    State::Claimed => crashes = crashes.saturating_add(1),
+                    State::Free => {}
+                }
+                if options.crashes > 0 && crashes >= options.crashes {
+                    Self::unorder(&mut self.order, &mut self.freed, record);
+                    let before = record.heap();
+                    record.state = State::Poisoned;
+                    record.crashes = crashes;
+                    record.payload = Box::default();
+                    record.expires = keep;
+                    self.heap = self.heap + record.heap() - before;
+                    let done = Done {
+                        hash,
+                        expires: keep,
+                    };
+                    record.at = Self::order_now(&mut self.order, &mut self.last_stamp, now, done);
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        first: true,
+                    });
+                }
+            } else {
+                // Expired, history and all: the key is free again.
+                tally.expired += 1;
             }
-            // Expired: the key is free again, and the new claim takes the record's place.
-            let fresh = Record::claimed(hash, key, token, fingerprint, expires)?;
+            // The new claim takes the record's place.
+            let mut fresh = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
+            generation = generation.saturating_add(1);
+            (fresh.generation, fresh.crashes) = (generation, crashes);
             let old = std::mem::replace(record, fresh);
             self.heap = self.heap + record.heap() - old.heap();
-            if old.completed {
-                self.order.remove(&old.stamp);
-            }
-            tally.expired += 1;
-            return Ok(Claim::Acquired);
+            Self::unorder(&mut self.order, &mut self.freed, &old);
+            return Ok(Claimed::Acquired {
+                generation,
+                crashes,
+            });
         }
-        self.expire_some(SWEEP_STEP, now, tally);
-        let record = Record::claimed(hash, key, token, fingerprint, expires)?;
+        self.expire_some(SWEEP_STEP, now, false, tally);
+        let record = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
         let heap = record.heap();
         if !self.make_room(limits, heap, true, now, tally) {
-            self.expire_some(SWEEP_MORE, now, tally);
+            self.expire_some(SWEEP_MORE, now, true, tally);
             if !self.make_room(limits, heap, true, now, tally) {
                 return Err(self.full(limits, now));
             }
         }
         self.heap += heap;
         self.table.insert_unique(hash, record, |r| r.hash);
-        Ok(Claim::Acquired)
+        Ok(Claimed::Acquired {
+            generation: 1,
+            crashes: 0,
+        })
     }
 
     /// The refusal of a claim this shard has no room for, in words.
     #[cold]
     fn full(&self, limits: &Limits, now: u64) -> Error {
-        let claims = self
-            .table
-            .iter()
-            .filter(|r| !r.completed && r.expires > now)
-            .count();
+        let claims = self.table.iter().filter(|r| r.live_claim(now)).count();
         Error::Store(format!(
             "memory store full: a shard's {} records ({claims} live claims, the rest completed \
              less than min_retention {:?} ago) fill its {} of {} bytes; nothing can be given up \
@@ -539,9 +653,9 @@ impl Shard {
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
         record.payload = result.into();
-        record.completed = true;
+        record.state = State::Completed;
         record.expires = expires;
-        record.stamp = stamp;
+        record.at = stamp;
         self.heap = self.heap + record.heap() - before;
         self.last_stamp = stamp;
         self.order.insert(stamp, Done { hash, expires });
@@ -562,17 +676,29 @@ impl Shard {
             .find_mut(op.hash, |r| r.is(op.hash, op.key))
             .filter(|r| r.held_by(token, op.now))
             .ok_or(Error::LeaseLost)?;
-        record.expires = expires;
+        record.at = expires;
+        record.expires = record.expires.max(expires);
         Ok(())
     }
 
+    /// Frees the key, keeping its generation and crash count until the claim's TTL.
     fn release(&mut self, op: &Op<'_>, token: &str) {
-        if let Ok(entry) = self.table.find_entry(op.hash, |r| {
-            r.is(op.hash, op.key) && r.held_by(token, op.now)
-        }) {
-            let (record, _) = entry.remove();
-            self.heap -= record.heap();
-        }
+        let Some(record) = self
+            .table
+            .find_mut(op.hash, |r| r.is(op.hash, op.key))
+            .filter(|r| r.held_by(token, op.now))
+        else {
+            return;
+        };
+        let before = record.heap();
+        record.state = State::Free;
+        record.payload = Box::default();
+        self.heap = self.heap + record.heap() - before;
+        let done = Done {
+            hash: op.hash,
+            expires: record.expires,
+        };
+        record.at = Self::order_now(&mut self.freed, &mut self.last_stamp, op.now, done);
     }
 }
 
@@ -646,7 +772,7 @@ impl MemoryStore {
         shard
             .table
             .find(hash, |r| r.is(hash, key))
-            .filter(|r| r.completed && r.expires > now)
+            .filter(|r| r.state == State::Completed && r.expires > now)
             .map(|r| r.payload.to_vec())
     }
 
@@ -680,10 +806,17 @@ impl MemoryStore {
         fingerprint: Option<&str>,
         lease: Duration,
     ) -> Result<Claim, Error> {
-        self.with_shard(key, |shard, op| {
-            let expires = op.now.saturating_add(nanos(lease));
-            shard.claim(op, token, fingerprint, expires)
-        })
+        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
+        self.claim_counted(key, token, &options)?.into_claim()
+    }
+
+    fn claim_counted(
+        &self,
+        key: StoreKey<'_>,
+        token: &str,
+        options: &ClaimOptions<'_>,
+    ) -> Result<Claimed, Error> {
+        self.with_shard(key, |shard, op| shard.claim(op, token, options))
     }
 }
 
@@ -809,6 +942,15 @@ impl Store for MemoryStore {
             fingerprint,
             lease,
         )))
+    }
+
+    fn claim_with<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
+        Box::pin(std::future::ready(self.claim_counted(key, token, &options)))
     }
 
     fn complete<'a>(
@@ -997,7 +1139,11 @@ mod tests {
         s.release(K, "c").await.unwrap();
         assert_eq!(s.len(), 1, "a non-holder's release is a no-op");
         s.release(K, "b").await.unwrap();
-        assert!(s.is_empty());
+        assert_eq!(
+            s.len(),
+            1,
+            "a released key keeps its generation and crash count"
+        );
         assert_eq!(claim(&s, K, "d"), Claim::Acquired);
     }
 
@@ -1120,20 +1266,110 @@ mod tests {
         fill(&s, "a", 2_000, Duration::from_secs(1)).await;
         tokio::time::advance(Duration::from_secs(1)).await;
         let mut claims = 0;
-        while s.len() > 100 {
+        // Each claim adds its own record (a released key's history), and drops a few expired.
+        while s.stats().expired < 1_900 {
             let key = format!("b{claims}");
             let k = StoreKey {
                 scope: "s",
                 key: &key,
             };
-            let before = s.len();
+            let before = s.stats().expired;
             assert_eq!(claim(&s, k, "t"), Claim::Acquired);
             s.release(k, "t").await.unwrap();
-            assert!(before - s.len() <= EXPIRE_STEP + SWEEP_STEP, "bounded work");
+            let dropped = s.stats().expired - before;
+            assert!(dropped <= (EXPIRE_STEP + SWEEP_STEP) as u64, "bounded work");
             claims += 1;
         }
         assert!(s.stats().expired >= 1_900);
         assert!(claims > 2_000 / (EXPIRE_STEP + SWEEP_STEP));
+    }
+
+    fn counted(s: &MemoryStore, token: &str, crashes: u32) -> Claimed {
+        let options = ClaimOptions::new(LEASE).crashes(crashes);
+        s.claim_counted(K, token, &options).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_claims_are_counted_until_the_key_is_poisoned() {
+        let s = MemoryStore::new();
+        let acquired = |generation, crashes| Claimed::Acquired {
+            generation,
+            crashes,
+        };
+        assert_eq!(counted(&s, "a", 3), acquired(1, 0));
+        tokio::time::advance(LEASE).await;
+        assert_eq!(counted(&s, "b", 3), acquired(2, 1), "a takeover, counted");
+        // A release is not a crash, and keeps the count and the generation.
+        s.release(K, "b").await.unwrap();
+        assert_eq!(counted(&s, "c", 3), acquired(3, 1));
+        tokio::time::advance(LEASE).await;
+        assert_eq!(counted(&s, "d", 3), acquired(4, 2));
+        tokio::time::advance(LEASE).await;
+        assert_eq!(
+            counted(&s, "e", 3),
+            Claimed::Poisoned {
+                crashes: 3,
+                first: true
+            }
+        );
+        assert_eq!(
+            counted(&s, "f", 3),
+            Claimed::Poisoned {
+                crashes: 3,
+                first: false
+            },
+            "refused for good, reported once"
+        );
+        assert_eq!(
+            s.claim(K, "g", None, LEASE).await,
+            Err(Error::Poisoned { crashes: 3 })
+        );
+        assert_eq!(s.complete(K, "d", b"x", LEASE).await, Err(Error::LeaseLost));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_limit_of_zero_never_poisons_and_a_live_claim_is_not_a_crash() {
+        let s = MemoryStore::new();
+        for generation in 1..=5 {
+            assert_eq!(
+                counted(&s, &format!("t{generation}"), 0),
+                Claimed::Acquired {
+                    generation,
+                    crashes: generation as u32 - 1
+                }
+            );
+            assert!(matches!(
+                counted(&s, "other", 0),
+                Claimed::InProgress { .. }
+            ));
+            tokio::time::advance(LEASE).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poisoned_key_is_refused_for_its_ttl() {
+        let s = MemoryStore::new();
+        let ttl = Duration::from_secs(3600);
+        let options = ClaimOptions::new(LEASE).crashes(1).ttl(ttl);
+        assert!(matches!(
+            s.claim_counted(K, "a", &options).unwrap(),
+            Claimed::Acquired { .. }
+        ));
+        tokio::time::advance(LEASE).await;
+        assert!(matches!(
+            s.claim_counted(K, "b", &options).unwrap(),
+            Claimed::Poisoned { first: true, .. }
+        ));
+        tokio::time::advance(ttl - Duration::from_secs(1)).await;
+        assert!(matches!(
+            s.claim_counted(K, "c", &options).unwrap(),
+            Claimed::Poisoned { first: false, .. }
+        ));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(matches!(
+            s.claim_counted(K, "d", &options).unwrap(),
+            Claimed::Acquired { crashes: 0, .. }
+        ));
     }
 
     #[test]
@@ -1142,6 +1378,6 @@ mod tests {
         assert_eq!(heap_bytes(1), 32);
         assert_eq!(heap_bytes(24), 32);
         assert_eq!(heap_bytes(25), 48);
-        assert_eq!(size_of::<Record>(), 72);
+        assert_eq!(size_of::<Record>(), 80);
     }
 }

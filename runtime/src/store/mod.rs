@@ -45,12 +45,116 @@ pub enum Claim {
     KeyReused,
 }
 
+/// How a counted claim ([`Store::claim_with`]) is made.
+///
+/// ```
+/// use jobguard::store::ClaimOptions;
+/// use std::time::Duration;
+///
+/// let options = ClaimOptions::new(Duration::from_secs(30))
+///     .fingerprint(Some("3f2a"))
+///     .crashes(5);
+/// assert_eq!(options.lease, Duration::from_secs(30));
+/// assert_eq!(options.crashes, 5);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimOptions<'a> {
+    /// A digest of the arguments, kept with the claim and the record; a claim with another one
+    /// finds [`Claimed::KeyReused`].
+    pub fingerprint: Option<&'a str>,
+    /// How long the claim holds the key unless renewed.
+    pub lease: Duration,
+    /// How long the key's history (its generation and crash count) is kept once no claim holds
+    /// it, and how long a poisoned key stays refused: the job's TTL.
+    pub ttl: Duration,
+    /// Abandoned claims after which the key is poisoned: the claim that finds this many is
+    /// refused with [`Claimed::Poisoned`]. `0` never poisons.
+    pub crashes: u32,
+}
+
+/// The crash limit of a claim unless set: a job whose worker died running it three times is not
+/// run a fourth time.
+pub const DEFAULT_CRASHES: u32 = 3;
+
+impl<'a> ClaimOptions<'a> {
+    /// A claim for `lease`, without a fingerprint, with the default TTL
+    /// ([`DEFAULT_TTL`](crate::idempotency::DEFAULT_TTL)) and crash limit ([`DEFAULT_CRASHES`]).
+    pub fn new(lease: Duration) -> Self {
+        ClaimOptions {
+            fingerprint: None,
+            lease,
+            ttl: record::DEFAULT_TTL,
+            crashes: DEFAULT_CRASHES,
+        }
+    }
+
+    /// The arguments' digest.
+    pub fn fingerprint(mut self, fingerprint: Option<&'a str>) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// How long the key's history and a poisoned key are kept.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The crash limit; `0` never poisons.
+    pub fn crashes(mut self, crashes: u32) -> Self {
+        self.crashes = crashes;
+        self
+    }
+}
+
+/// What a counted claim ([`Store::claim_with`]) found.
+///
+/// Beyond [`Claim`], it numbers the claims of a key and counts the abandoned ones: a claim whose
+/// lease lapsed without [`complete`](Store::complete) or [`release`](Store::release) was held by
+/// a worker that died (or stalled past its lease). The next claim takes it over and counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// The caller now holds the key and must run the job.
+    Acquired {
+        /// This claim's number among the key's claims: 1 for the first, and larger for each
+        /// claim after it (a takeover of an abandoned claim, a claim after a release). A
+        /// downstream that remembers the largest generation it saw can refuse writes from an
+        /// older one (`jobguard::fence()` gives it to the body). `0` from a store that does not
+        /// number claims.
+        generation: u64,
+        /// Abandoned claims counted so far, this takeover included.
+        crashes: u32,
+    },
+    /// The job already completed: its stored result, to replay.
+    Completed(Vec<u8>),
+    /// Another worker holds a live claim, which lapses in `retry_in` at most.
+    InProgress {
+        /// The time left on the other worker's lease.
+        retry_in: Duration,
+    },
+    /// The key is claimed or completed with a different fingerprint.
+    KeyReused,
+    /// The key's abandoned claims reached the crash limit: the job is not run again.
+    Poisoned {
+        /// The abandoned claims counted.
+        crashes: u32,
+        /// `true` for the one claim that found the limit reached (and poisoned the key): that
+        /// caller reports the job, once; every later claim finds `false`.
+        first: bool,
+    },
+}
+
 /// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore) and
 /// [`RedisStore`](redis::RedisStore) (feature `redis`).
 ///
 /// Implementations must make [`claim`](Store::claim) atomic (two concurrent claims of one free
 /// key: exactly one is `Acquired`), and [`complete`](Store::complete), [`release`](Store::release)
 /// and [`renew`](Store::renew) conditional on `token` still holding the claim.
+///
+/// The stores of this crate also implement [`claim_with`](Store::claim_with), which numbers a
+/// key's claims (the fence) and counts abandoned ones (poison jobs). A store that implements only
+/// `claim` still works: its claims have generation `0` and no crash is counted.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = ...` takes a `jobguard::Store`",
@@ -67,6 +171,34 @@ pub trait Store: Send + Sync {
         fingerprint: Option<&'a str>,
         lease: Duration,
     ) -> StoreFuture<'a, Claim>;
+
+    /// Claims `key` like [`claim`](Store::claim), numbering the claim and counting abandoned
+    /// claims: a claim whose lease lapsed is taken over and counted, and once `options.crashes`
+    /// are counted the key is poisoned ([`Claimed::Poisoned`], `first` for the claim that
+    /// poisoned it) and refused for `options.ttl`. A release keeps the key's generation and crash
+    /// count for `options.ttl`, so generations only grow.
+    ///
+    /// The default implementation calls [`claim`](Store::claim): generation `0`, no crash
+    /// counted.
+    fn claim_with<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
+        let claim = self.claim(key, token, options.fingerprint, options.lease);
+        Box::pin(async move {
+            Ok(match claim.await? {
+                Claim::Acquired => Claimed::Acquired {
+                    generation: 0,
+                    crashes: 0,
+                },
+                Claim::Completed(bytes) => Claimed::Completed(bytes),
+                Claim::InProgress { retry_in } => Claimed::InProgress { retry_in },
+                Claim::KeyReused => Claimed::KeyReused,
+            })
+        })
+    }
 
     /// Replaces `token`'s claim with the completed `record`, kept for `ttl`.
     /// [`Error::LeaseLost`](crate::Error::LeaseLost) when `token` no longer holds the claim.
@@ -102,6 +234,14 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     ) -> StoreFuture<'a, Claim> {
         (**self).claim(key, token, fingerprint, lease)
     }
+    fn claim_with<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
+        (**self).claim_with(key, token, options)
+    }
     fn complete<'a>(
         &'a self,
         key: StoreKey<'a>,
@@ -134,6 +274,14 @@ impl<S: Store + ?Sized> Store for &S {
     ) -> StoreFuture<'a, Claim> {
         (**self).claim(key, token, fingerprint, lease)
     }
+    fn claim_with<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
+        (**self).claim_with(key, token, options)
+    }
     fn complete<'a>(
         &'a self,
         key: StoreKey<'a>,
@@ -153,5 +301,19 @@ impl<S: Store + ?Sized> Store for &S {
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
         (**self).renew(key, token, lease)
+    }
+}
+
+impl Claimed {
+    /// The answer of [`Store::claim`] for this outcome: a claim that does not count crashes.
+    /// [`Error::Poisoned`](crate::Error::Poisoned) for a poisoned key.
+    pub fn into_claim(self) -> Result<Claim, crate::Error> {
+        Ok(match self {
+            Claimed::Acquired { .. } => Claim::Acquired,
+            Claimed::Completed(bytes) => Claim::Completed(bytes),
+            Claimed::InProgress { retry_in } => Claim::InProgress { retry_in },
+            Claimed::KeyReused => Claim::KeyReused,
+            Claimed::Poisoned { crashes, .. } => return Err(crate::Error::Poisoned { crashes }),
+        })
     }
 }
