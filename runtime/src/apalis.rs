@@ -111,6 +111,7 @@
 pub use crate::Delivery;
 
 use apalis_core::task::Task;
+use apalis_core::task::status::Status;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -192,7 +193,17 @@ where
 
     fn call(&mut self, task: Task<Args>) -> Self::Future {
         let delivery = self.layer.delivery(&task);
-        Box::pin(delivery.scope(self.inner.call(task)))
+        let status = task.raw_status().clone();
+        let handled = delivery.scope_settled(self.inner.call(task));
+        Box::pin(async move {
+            let (result, dead_lettered) = handled.await;
+            if dead_lettered && result.is_err() {
+                // The job's one dead letter is written: the runner must not deliver it again.
+                // apalis retries nothing `Killed` (its retry layer, apalis-redis's re-enqueue).
+                status.store(Status::Killed);
+            }
+            result
+        })
     }
 }
 
