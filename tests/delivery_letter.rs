@@ -156,3 +156,38 @@ async fn a_success_on_a_later_delivery_writes_no_letter() {
     assert!(!dead_lettered);
     assert!(letters.is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hand_back_is_counted_and_is_no_dead_letter_in_the_metrics() {
+    use jobguard::observe::metrics as names;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (runtime, _, _) = runtime();
+    for number in 1..=2 {
+        let delivery = Delivery {
+            number,
+            last: number == 2,
+        };
+        let _ = runtime
+            .scope(delivery.scope_settled(times_out()))
+            .await;
+    }
+    let rendered = recorder.handle().render();
+    let samples = jobguard_testkit::prometheus::samples(&rendered);
+    let job = concat!(module_path!(), "::times_out");
+    let handed_back = format!(r#"{}{{job="{job}"}}"#, names::HANDED_BACK);
+    let dead = format!(
+        r#"{}{{job="{job}",reason="exhausted"}}"#,
+        names::DEAD_LETTERED
+    );
+    assert_eq!(
+        samples.get(handed_back.as_str()).copied(),
+        Some("1"),
+        "{rendered}"
+    );
+    assert_eq!(
+        samples.get(dead.as_str()).copied(),
+        Some("1"),
+        "{rendered}"
+    );
+}
