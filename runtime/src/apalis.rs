@@ -165,7 +165,8 @@
 //!
 //! * `#[idempotent(lease = "10s")]` outside `#[retry(attempts = 5, base = "500ms", cap = "8s")]`,
 //!   with `RedisStore`: a redelivery replays a finished job, and a dead worker's claim lapses
-//!   within seconds;
+//!   within seconds (each delivery that finds the dead worker's claim still live is handed back
+//!   with `InProgress` and spends one of the job's deliveries);
 //! * the producer pushes tasks with `max_attempts(3)` (or the workers set
 //!   `GuardLayer::new().deliveries(3)`, when the producer is not yours): three deliveries of five
 //!   attempts, one letter;
