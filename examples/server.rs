@@ -27,8 +27,10 @@
 //! the jobs go to apalis's Redis storage, claims to `RedisStore` and dead letters to a Redis
 //! stream, and the workers are other processes (`cargo run --example worker -- --redis URL`),
 //! on this machine or others: a worker killed mid-job has its job re-enqueued by the broker and
-//! finished by another, once. The gateway keeps its journal (attempts, charges, delays, dead
-//! letters) in Redis then, so that this server's `GET /state` shows what every worker did.
+//! finished by another, once. Each job is pushed for [`DELIVERIES`] deliveries: one that keeps
+//! failing is handed back to the queue after each delivery's five attempts and dead-lettered
+//! once, on the last. The gateway keeps its journal (attempts, charges, delays, dead letters)
+//! in Redis then, so that this server's `GET /state` shows what every worker did.
 //!
 //! The service owns a Prometheus recorder for jobguard's metrics, which is the worker's local
 //! recorder while it polls a job, so several services in one process (tests) each count only

@@ -14,6 +14,10 @@
 //! then succeeds and every other order times out. The gateway writes its journal (attempts,
 //! charges, retry delays, dead letters) and its count of tries per order to Redis, where the
 //! server's `GET /state` reads it.
+//!
+//! The server pushes each job with `max_attempts` 3, and `GuardLayer` reads it: a job that keeps
+//! failing runs its five attempts on each of three deliveries, is handed back to the queue after
+//! the first two without a dead letter, and is dead-lettered once, on the third.
 
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;

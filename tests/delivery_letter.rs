@@ -53,9 +53,7 @@ async fn a_delivery_that_is_not_the_last_hands_the_error_back_without_a_letter()
         number: 1,
         last: false,
     };
-    let (result, dead_lettered) = runtime
-        .scope(delivery.scope_settled(times_out()))
-        .await;
+    let (result, dead_lettered) = runtime.scope(delivery.scope_settled(times_out())).await;
     assert!(matches!(result, Err(GatewayError::Timeout)));
     assert!(!dead_lettered);
     assert!(letters.is_empty(), "{:?}", letters.letters());
@@ -78,9 +76,7 @@ async fn every_delivery_failing_writes_one_letter_on_the_last_counting_every_att
             number,
             last: number == 4,
         };
-        let (result, dead_lettered) = runtime
-            .scope(delivery.scope_settled(times_out()))
-            .await;
+        let (result, dead_lettered) = runtime.scope(delivery.scope_settled(times_out())).await;
         assert!(result.is_err());
         assert_eq!(dead_lettered, number == 4, "delivery {number}");
         assert_eq!(letters.len(), usize::from(number == 4), "delivery {number}");
@@ -92,8 +88,14 @@ async fn every_delivery_failing_writes_one_letter_on_the_last_counting_every_att
     );
     assert_eq!(letters[0].error, "Timeout");
     let events = events.lock().unwrap().clone();
-    let handed_back = events.iter().filter(|e| e.starts_with("HandedBack")).count();
-    let dead = events.iter().filter(|e| e.starts_with("DeadLetter")).count();
+    let handed_back = events
+        .iter()
+        .filter(|e| e.starts_with("HandedBack"))
+        .count();
+    let dead = events
+        .iter()
+        .filter(|e| e.starts_with("DeadLetter"))
+        .count();
     assert_eq!((handed_back, dead), (3, 1), "{events:?}");
 }
 
@@ -168,9 +170,7 @@ async fn a_hand_back_is_counted_and_is_no_dead_letter_in_the_metrics() {
             number,
             last: number == 2,
         };
-        let _ = runtime
-            .scope(delivery.scope_settled(times_out()))
-            .await;
+        let _ = runtime.scope(delivery.scope_settled(times_out())).await;
     }
     let rendered = recorder.handle().render();
     let samples = jobguard_testkit::prometheus::samples(&rendered);
@@ -185,9 +185,5 @@ async fn a_hand_back_is_counted_and_is_no_dead_letter_in_the_metrics() {
         Some("1"),
         "{rendered}"
     );
-    assert_eq!(
-        samples.get(dead.as_str()).copied(),
-        Some("1"),
-        "{rendered}"
-    );
+    assert_eq!(samples.get(dead.as_str()).copied(), Some("1"), "{rendered}");
 }

@@ -97,7 +97,9 @@ async fn on_redis(jobs: &[Job]) -> Option<(Vec<DeadLetter>, Seen, Vec<(u32, Stri
             .build();
         storage.push_task(task).await.unwrap();
     }
-    let letters = RedisDeadLetters::connect(&url, "jobguard:dead").await.unwrap();
+    let letters = RedisDeadLetters::connect(&url, "jobguard:dead")
+        .await
+        .unwrap();
     let runtime = Runtime::builder().dead_letters(letters.clone()).build();
     let seen: Seen = Arc::default();
 
@@ -132,16 +134,17 @@ async fn on_redis(jobs: &[Job]) -> Option<(Vec<DeadLetter>, Seen, Vec<(u32, Stri
     let mut redis = conn;
     let queued: usize = redis.llen(config.active_jobs_list()).await.unwrap();
     let scheduled: usize = redis.zcard(config.scheduled_jobs_set()).await.unwrap();
-    assert_eq!((queued, scheduled), (0, 0), "a task would be delivered again");
+    assert_eq!(
+        (queued, scheduled),
+        (0, 0),
+        "a task would be delivered again"
+    );
     // Each task's status as the broker stored it, by the job's id.
     let mut statuses = Vec::new();
     for set in [config.done_jobs_set(), config.dead_jobs_set()] {
         let ids: Vec<String> = redis.smembers(&set).await.unwrap();
         for task_id in ids {
-            let data: Vec<u8> = redis
-                .hget(config.job_data_hash(), &task_id)
-                .await
-                .unwrap();
+            let data: Vec<u8> = redis.hget(config.job_data_hash(), &task_id).await.unwrap();
             let job: Job = serde_json::from_slice(&data).unwrap();
             let meta = format!("{}:{task_id}", config.job_meta_hash());
             let status: String = redis.hget(&meta, "status").await.unwrap();

@@ -15,8 +15,8 @@ mod server;
 mod worker;
 
 use jobguard::RedisDeadLetters;
-use redis::AsyncCommands;
 use jobguard_testkit::redis::RedisServer;
+use redis::AsyncCommands;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
