@@ -367,6 +367,61 @@ mod tests {
         assert_eq!(Delivery::current(), None);
     }
 
+    /// A handler whose `#[retry]` loop (here [`crate::Policy::run`]) fails every attempt.
+    fn failing_service() -> TryServiceFn {
+        TryServiceFn
+    }
+
+    struct TryServiceFn;
+
+    impl Service<Task<()>> for TryServiceFn {
+        type Response = ();
+        type Error = std::io::Error;
+        type Future = Pin<Box<dyn Future<Output = Result<(), std::io::Error>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Task<()>) -> Self::Future {
+            Box::pin(async {
+                crate::Policy::new()
+                    .attempts(2)
+                    .jitter(crate::Jitter::None)
+                    .run("job", async |_| {
+                        Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+                    })
+                    .await
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_whose_delivery_wrote_its_letter_is_killed_and_one_handed_back_is_not() {
+        use apalis_core::task::status::Status;
+        let letters = crate::MemoryDeadLetters::new();
+        let runtime = crate::Runtime::builder()
+            .dead_letters(letters.clone())
+            .build();
+        let mut service = GuardLayer::new().layer(failing_service());
+        // Delivery 2 of 3: handed back, the runner may deliver it again.
+        let second = task(1, Some(3));
+        let status = second.raw_status().clone();
+        status.store(Status::Failed);
+        assert!(runtime.scope(service.call(second)).await.is_err());
+        assert_eq!(status.load(), Status::Failed);
+        assert!(letters.is_empty());
+        // Delivery 3 of 3: the letter, and the runner must not deliver it again.
+        let third = task(2, Some(3));
+        let status = third.raw_status().clone();
+        status.store(Status::Failed);
+        assert!(runtime.scope(service.call(third)).await.is_err());
+        assert_eq!(status.load(), Status::Killed);
+        let letters = letters.letters();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(letters[0].attempts, 3 * 2);
+    }
+
     /// A service from a closure, without tower's `util` feature.
     fn tower_service_fn<F, Fut>(f: F) -> ServiceFn<F>
     where
