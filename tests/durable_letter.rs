@@ -2,8 +2,8 @@
 //! delivery is dead-lettered once, on its last delivery, with the attempts of every delivery,
 //! and the broker does not deliver it again; a job that recovers on its second delivery is
 //! dead-lettered never. On apalis-redis (a private `redis-server`, the letters in a Redis
-//! stream) the task's `max_attempts` sets the deliveries; on apalis's in-memory storage a task
-//! is delivered once, so its first delivery is the last.
+//! stream) the task's `max_attempts`, or `GuardLayer::deliveries`, sets the deliveries; on
+//! apalis's in-memory storage a task is delivered once, so its first delivery is the last.
 
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
@@ -86,16 +86,29 @@ fn numbered(numbers: std::ops::RangeInclusive<u32>, last: u32) -> Vec<Delivery> 
 /// until every task is done or given up by the broker. Returns the letters in the stream, what
 /// the handler saw, and each job's final apalis status by id.
 async fn on_redis(jobs: &[Job]) -> Option<(Vec<DeadLetter>, Seen, Vec<(u32, String)>)> {
+    on_redis_with(jobs, Some(DELIVERIES as usize), GuardLayer::new()).await
+}
+
+/// [`on_redis`], with the tasks' `max_attempts` (apalis-redis's default, 25, for `None`) and the
+/// worker's layer given.
+async fn on_redis_with(
+    jobs: &[Job],
+    max_attempts: Option<usize>,
+    layer: GuardLayer,
+) -> Option<(Vec<DeadLetter>, Seen, Vec<(u32, String)>)> {
     let server = RedisServer::start()?;
     let url = server.url();
     let config = apalis_redis::Config::default().queue("letters");
     let conn = apalis_redis::connect(url.clone()).await.unwrap();
     let mut storage = RedisStorage::<Job>::new(conn.clone()).with_config(config.clone());
     for job in jobs {
-        let task = TaskBuilder::new(*job)
-            .max_attempts(DELIVERIES as usize)
-            .build();
-        storage.push_task(task).await.unwrap();
+        match max_attempts {
+            Some(max) => {
+                let task = TaskBuilder::new(*job).max_attempts(max).build();
+                storage.push_task(task).await.unwrap();
+            }
+            None => storage.push(*job).await.unwrap(),
+        }
     }
     let letters = RedisDeadLetters::connect(&url, "jobguard:dead")
         .await
@@ -122,7 +135,7 @@ async fn on_redis(jobs: &[Job]) -> Option<(Vec<DeadLetter>, Seen, Vec<(u32, Stri
         .backend(storage)
         .data(runtime)
         .data(seen.clone())
-        .layer(GuardLayer::new())
+        .layer(layer)
         .build(handle)
         .run_until(settled);
     tokio::time::timeout(Duration::from_secs(60), worker)
@@ -217,6 +230,23 @@ async fn a_permanent_failure_is_dead_lettered_on_its_first_delivery_and_not_deli
         (GiveUp::Permanent, 1)
     );
     assert_eq!(statuses, [(3, "Killed".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_deliveries_stop_apalis_redis_before_its_own_limit_of_25() {
+    let job = Job {
+        id: 5,
+        failing: u32::MAX,
+        declined: false,
+    };
+    let layer = GuardLayer::new().deliveries(2);
+    let Some((letters, seen, statuses)) = on_redis_with(&[job], None, layer).await else {
+        return;
+    };
+    assert_eq!(deliveries(&seen, 5), numbered(1..=2, 2));
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].attempts, 2 * ATTEMPTS);
+    assert_eq!(statuses, [(5, "Killed".to_owned())]);
 }
 
 #[tokio::test]
