@@ -27,8 +27,10 @@
 //! the jobs go to apalis's Redis storage, claims to `RedisStore` and dead letters to a Redis
 //! stream, and the workers are other processes (`cargo run --example worker -- --redis URL`),
 //! on this machine or others: a worker killed mid-job has its job re-enqueued by the broker and
-//! finished by another, once. The gateway keeps its journal (attempts, charges, delays, dead
-//! letters) in Redis then, so that this server's `GET /state` shows what every worker did.
+//! finished by another, once. Each job is pushed for [`DELIVERIES`] deliveries: one that keeps
+//! failing is handed back to the queue after each delivery's five attempts and dead-lettered
+//! once, on the last. The gateway keeps its journal (attempts, charges, delays, dead letters)
+//! in Redis then, so that this server's `GET /state` shows what every worker did.
 //!
 //! The service owns a Prometheus recorder for jobguard's metrics, which is the worker's local
 //! recorder while it polls a job, so several services in one process (tests) each count only
@@ -60,6 +62,11 @@ use tokio::sync::{mpsc, watch};
 pub const QUEUE: &str = "payments.charge";
 /// The Redis stream of dead letters.
 pub const DEAD_LETTERS: &str = "jobguard:dead_letters:charge";
+/// How many times the broker delivers a charge that keeps failing, each delivery with
+/// `#[retry]`'s five attempts: the server pushes every job to Redis with this `max_attempts`,
+/// and the workers' `GuardLayer` reads it from the task. (apalis's in-memory storage delivers
+/// a task once: its jobs carry no limit, and their first delivery is the last.)
+pub const DELIVERIES: usize = 3;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -162,21 +169,19 @@ pub async fn charge(
     gateway.capture(order_id, amount).await
 }
 
-/// The apalis handler: runs [`charge`] under the service's runtime and metrics recorder.
+/// The apalis handler: runs [`charge`] under the service's runtime and metrics recorder, and
+/// returns its error to the broker.
 ///
-/// A give-up is settled: it is in the dead letters, and the broker does not deliver the job
-/// again. jobguard's own failures (the key in progress on a worker that died, the store out of
-/// reach) are handed back to the broker, which delivers the job again later.
-async fn handle(job: ChargeJob, service: Data<Service>) -> Result<Option<Receipt>, GatewayError> {
+/// On a delivery that is not the last, `#[retry]` ran out of attempts without writing a dead
+/// letter, and the broker delivers the job again. On the last delivery it wrote the job's one
+/// letter, and `GuardLayer` tells the broker not to deliver it again. jobguard's own failures
+/// (the key in progress on a worker that died, the store out of reach) are delivered again too.
+async fn handle(job: ChargeJob, service: Data<Service>) -> Result<Receipt, GatewayError> {
     service.remember(&job.key, &job.order_id);
     let charging = charge(&service.gateway, &job.order_id, job.amount, &job.key);
     let result = recorded(&service.recorder, service.runtime.scope(charging)).await;
     service.done.send_modify(|done| *done += 1);
-    match result {
-        Ok(receipt) => Ok(Some(receipt)),
-        Err(GatewayError::Jobguard(e)) => Err(GatewayError::Jobguard(e)),
-        Err(_) => Ok(None),
-    }
+    result
 }
 
 /// What the gateway returns for a captured payment; stored by `#[idempotent]` and replayed.
@@ -470,6 +475,16 @@ impl Service {
                     println!("  dead letter: {line}");
                     lines.record(Entry::DeadLetter(line));
                 }
+                Event::HandedBack {
+                    key: Some(key),
+                    attempts,
+                    delivery,
+                    ..
+                } => {
+                    let order = order_of(key);
+                    let n = delivery.number;
+                    println!("  {order} handed back to the queue after {attempts} attempts (delivery {n})");
+                }
                 _ => {}
             })
             .build();
@@ -504,7 +519,10 @@ impl Service {
         };
         let pushed = match self.queue.clone() {
             Queue::Memory(mut sink) => sink.send(Task::new(job)).await.map_err(|e| e.to_string()),
-            Queue::Redis(mut storage) => storage.push(job).await.map_err(|e| e.to_string()),
+            Queue::Redis(mut storage) => {
+                let task = TaskBuilder::new(job).max_attempts(DELIVERIES).build();
+                storage.push_task(task).await.map_err(|e| e.to_string())
+            }
         };
         if let Err(e) = pushed {
             eprintln!("charge of {order_id} not queued: {e}");

@@ -14,6 +14,10 @@
 //! then succeeds and every other order times out. The gateway writes its journal (attempts,
 //! charges, retry delays, dead letters) and its count of tries per order to Redis, where the
 //! server's `GET /state` reads it.
+//!
+//! The server pushes each job with `max_attempts` 3, and `GuardLayer` reads it: a job that keeps
+//! failing runs its five attempts on each of three deliveries, is handed back to the queue after
+//! the first two without a dead letter, and is dead-lettered once, on the third.
 
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
@@ -104,24 +108,24 @@ async fn charge(
     gateway.capture(order_id, amount).await
 }
 
-/// The apalis handler. A give-up is settled: it is in the dead letters, and the broker does not
-/// deliver the job again. jobguard's own failures (the key in progress on a worker that died,
-/// the store out of reach) are handed back to the broker, which delivers the job again later.
+/// The apalis handler: returns the job's error to the broker. On a delivery that is not the
+/// last, `#[retry]` ran out of attempts without writing a dead letter, and the broker delivers
+/// the job again. On the last delivery (the server pushes each job with `max_attempts` 3) it
+/// wrote the job's one letter, and `GuardLayer` tells the broker not to deliver it again.
+/// jobguard's own failures (the key in progress on a worker that died, the store out of reach)
+/// are delivered again too.
 async fn handle(
     job: ChargeJob,
     gateway: Data<Arc<Gateway>>,
     orders: Data<Orders>,
-) -> Result<Option<Receipt>, GatewayError> {
+) -> Result<Receipt, GatewayError> {
     orders.insert(&job.key, &job.order_id);
     println!("charging {} (key {})", job.order_id, job.key);
-    match charge(&gateway, &job.order_id, job.amount, &job.key).await {
-        Ok(receipt) => Ok(Some(receipt)),
-        Err(GatewayError::Jobguard(e)) => {
-            println!("  {} handed back to the queue: {e}", job.order_id);
-            Err(GatewayError::Jobguard(e))
-        }
-        Err(_) => Ok(None),
+    let result = charge(&gateway, &job.order_id, job.amount, &job.key).await;
+    if let Err(GatewayError::Jobguard(e)) = &result {
+        println!("  {} handed back to the queue: {e}", job.order_id);
     }
+    result
 }
 
 /// What the gateway returns for a captured payment; stored by `#[idempotent]` and replayed.
@@ -258,6 +262,15 @@ fn observer(journal: Journal, orders: Orders) -> impl Fn(&Event<'_>) + Send + Sy
             let line = format!("{} key={key} gave up: {}", orders.of(&key), letter.error);
             println!("  dead letter: {line}");
             journal.push("demo:dead_letters", line);
+        }
+        Event::HandedBack {
+            key: Some(key),
+            attempts,
+            delivery,
+            ..
+        } => {
+            let (order, n) = (orders.of(key), delivery.number);
+            println!("  {order} handed back to the queue after {attempts} attempts (delivery {n})");
         }
         _ => {}
     }

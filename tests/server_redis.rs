@@ -1,8 +1,11 @@
 //! The server example with `--redis` and the worker example, against a private `redis-server`:
 //! the scenario's three requests go through apalis's Redis storage to the worker, which charges
-//! order-A once (the second delivery replays), dead-letters order-B into the Redis stream, and
-//! leaves the scenario's state document for the server to read. Real time: the backoff delays
-//! (9 s in all) are real waits, as Redis I/O cannot run on a paused clock.
+//! order-A once (the second delivery replays), and leaves the scenario's state document for the
+//! server to read. order-B is pushed with `max_attempts` 3: its first two deliveries run out of
+//! attempts and hand the job back to the broker without a dead letter; the third writes its one
+//! letter into the Redis stream, counting all 15 attempts. Real time: the backoff delays (24 s
+//! in all) and the broker's redelivery delays (1 s, then 2 s) are real waits, as Redis I/O
+//! cannot run on a paused clock.
 
 #[allow(dead_code)]
 #[path = "../examples/server.rs"]
@@ -13,6 +16,7 @@ mod worker;
 
 use jobguard::RedisDeadLetters;
 use jobguard_testkit::redis::RedisServer;
+use redis::AsyncCommands;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,9 +39,9 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
             s.attempts.iter().any(|a| a.contains("skipped"))
         }),
         // The letter is in its stream as soon as the job gives up; the journal's lines go to
-        // Redis through one writer task, so wait for the ninth attempt line too.
+        // Redis through one writer task, so wait for the last attempt line too.
         ("order-B", "idem-2", |s| {
-            !s.dead_letter.is_empty() && s.attempts.len() >= 9
+            !s.dead_letter.is_empty() && s.attempts.len() >= 4 + 15
         }),
     ];
     let mut state = service.state().await;
@@ -66,16 +70,32 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
             "order-A attempt 2",
             "order-A attempt 3",
             "order-A skipped: idempotency key idem-1 already processed",
+            // Three deliveries of five attempts each; the gateway counts its tries across them.
             "order-B attempt 1",
             "order-B attempt 2",
             "order-B attempt 3",
             "order-B attempt 4",
-            "order-B attempt 5"
+            "order-B attempt 5",
+            "order-B attempt 6",
+            "order-B attempt 7",
+            "order-B attempt 8",
+            "order-B attempt 9",
+            "order-B attempt 10",
+            "order-B attempt 11",
+            "order-B attempt 12",
+            "order-B attempt 13",
+            "order-B attempt 14",
+            "order-B attempt 15"
         ])
     );
     assert_eq!(
         json["backoff_delays"],
-        serde_json::json!([0.5, 1.0, 0.5, 1.0, 2.0, 4.0])
+        serde_json::json!([
+            0.5, 1.0, // order-A
+            0.5, 1.0, 2.0, 4.0, // order-B, delivery 1
+            0.5, 1.0, 2.0, 4.0, // delivery 2
+            0.5, 1.0, 2.0, 4.0, // delivery 3
+        ])
     );
     assert_eq!(
         json["idempotency_store"],
@@ -83,7 +103,7 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
     );
     assert_eq!(
         json["dead_letter"],
-        serde_json::json!(["order-B key=idem-2 gave up: gateway timeout on order-B (attempt 5)"])
+        serde_json::json!(["order-B key=idem-2 gave up: gateway timeout on order-B (attempt 15)"])
     );
     let letters = RedisDeadLetters::connect(&url, server::DEAD_LETTERS)
         .await
@@ -91,4 +111,13 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
     let letters = letters.list().await.unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0].1.key.as_deref(), Some("idem-2"));
+    assert_eq!(letters[0].1.attempts, 15, "every attempt of every delivery");
+    // The third delivery was order-B's last: the broker keeps it in its dead set and has
+    // nothing queued or scheduled to deliver again.
+    let config = server::redis_config();
+    let mut redis = apalis_redis::connect(url.clone()).await.unwrap();
+    let dead: usize = redis.scard(config.dead_jobs_set()).await.unwrap();
+    let queued: usize = redis.llen(config.active_jobs_list()).await.unwrap();
+    let scheduled: usize = redis.zcard(config.scheduled_jobs_set()).await.unwrap();
+    assert_eq!((dead, queued, scheduled), (1, 0, 0));
 }

@@ -4,7 +4,9 @@
 //! that stopped heartbeating, and a task whose handler returned `Err` is delivered again later.
 //! [`GuardLayer`] tells jobguard which delivery of its task a handler runs in: it reads the
 //! task's attempt counter and attempt limit, and puts a [`Delivery`] in scope for the handler's
-//! future, where `#[idempotent]` and `#[retry]` read it.
+//! future, where `#[idempotent]` and `#[retry]` read it. With it, a job that keeps failing is
+//! retried by `#[retry]` within each delivery, handed back to apalis for the next one, and
+//! dead-lettered once, on its last delivery ([below](#one-job-one-dead-letter)).
 //!
 //! # A worker
 //!
@@ -70,8 +72,12 @@
 //!         .queue("charges")
 //!         .heartbeat_interval(Duration::from_secs(1))
 //!         .missed_heartbeats(2);
-//!     let storage = RedisStorage::<Charge>::new(apalis_redis::connect(url).await?)
+//!     let mut storage = RedisStorage::<Charge>::new(apalis_redis::connect(url).await?)
 //!         .with_config(config);
+//!
+//!     // The producer's side: each charge is delivered three times at most, then dead-lettered.
+//!     let job = Charge { order_id: "order-A".into(), amount: 100 };
+//!     storage.push_task(TaskBuilder::new(job).max_attempts(3).build()).await?;
 //!
 //!     WorkerBuilder::new("charge-worker")
 //!         .backend(storage)
@@ -86,21 +92,88 @@
 //! # Which delivery is the last
 //!
 //! apalis counts the attempts of a task (`Task::attempt`) across deliveries: the counter is
-//! stored with the task and grows by one each time a handler starts on it. A task that fails is
-//! delivered again until the counter reaches its limit. [`GuardLayer`] reads the counter when a
-//! delivery starts, so [`Delivery::number`] is 1 on the first one, and [`Delivery::last`] is set
-//! when `number` reaches the limit:
+//! stored with the task and grows by one each time a handler starts on it. [`GuardLayer`] reads
+//! the counter when a delivery starts, so [`Delivery::number`] is 1 on the first one, and
+//! [`Delivery::last`] is set when `number` reaches the limit:
 //!
 //! * [`GuardLayer::deliveries`], when set;
-//! * else the task's `max_attempts` (apalis-redis stores 25 unless the producer set another);
+//! * else the task's `max_attempts` (set by the producer with
+//!   `TaskBuilder::new(job).max_attempts(3)`; apalis-redis stores 25 when the producer set none);
 //! * else 1: the task is delivered once (apalis's `MemoryStorage` never redelivers).
 //!
 //! apalis-redis 1.0 re-enqueues a failed task until its counter reaches 25, whatever the task's
-//! `max_attempts` says; push tasks with the default `max_attempts`, or set
-//! `GuardLayer::new().deliveries(25)`.
+//! `max_attempts` says; the layer stops it earlier (below). A limit above 25 is never reached
+//! there: no delivery would be the last, and no dead letter would be written.
 //!
 //! A worker that dies mid-task does not count: the broker re-enqueues the task with the counter
 //! it had, so the next worker sees the same `number`. The idempotency store counts those crashes.
+//!
+//! # One job, one dead letter
+//!
+//! Under the layer, the give-up of a `#[retry]` (or [`Policy::run`](crate::Policy::run)) depends
+//! on the delivery:
+//!
+//! * on a delivery that is not the last, a give-up that a later delivery could get past (the
+//!   attempts ran out, the budget ran out, the breaker was open) writes **no** dead letter: it
+//!   raises [`Event::HandedBack`](crate::Event::HandedBack) (`jobguard_handed_back_total`) and
+//!   returns the last error, which the handler returns to apalis, and apalis delivers the job
+//!   again (apalis-redis: `attempt` seconds later, so 1 s, then 2 s, ...);
+//! * on the last delivery, or for a permanent failure on any delivery, it writes the job's one
+//!   letter, as it does outside a runner. When the handler then returns an error, the layer sets
+//!   the task's status to `Killed`, which apalis retries no more: its retry layer stops, and
+//!   apalis-redis puts the task in its dead set instead of re-enqueueing it. So a
+//!   dead-lettered job is not delivered again, whatever the broker's own limit.
+//!
+//! A handler therefore returns the job's error as it is (the worker above has no handler of its
+//! own). An error that wrote no letter on the last delivery (jobguard's own: the key
+//! `InProgress` on a worker that died, the store out of reach) keeps apalis's `Failed`, and
+//! apalis-redis delivers the job again; that delivery, past the limit, is the last one too.
+//!
+//! # The letter's attempts
+//!
+//! The letter's `attempts` counts every attempt of every delivery. apalis 1.0 keeps nothing per
+//! task that the layer could carry a count in from one delivery to the next: apalis-redis 1.0
+//! stores with a task its arguments, its attempt counter and status (written when a worker
+//! acknowledges a result, not when a worker dies), `max_attempts`, the metadata the producer
+//! pushed (a worker's changes to a task's metadata or extensions stay in its memory), and the
+//! last result, the `Display` of the handler's error. Only that last string reaches the next
+//! delivery (as a metadata entry, `result`), and carrying a count in it would mean rewriting the
+//! handler's error. So jobguard counts:
+//!
+//! `attempts = (number - 1) × policy attempts + this delivery's attempts`
+//!
+//! That is exact when each earlier delivery ran all of the policy's attempts and handed the job
+//! back: a job that fails the same way every time. It is not exact when an earlier delivery
+//!
+//! * ended in a crash (a worker killed mid-task): apalis does not count it, so its attempts are
+//!   missing from the letter;
+//! * ended early: the budget or the breaker cut its loop short, or jobguard's own failure
+//!   (`InProgress`, the store out of reach) ended it before `#[retry]` ran; it counts as a full
+//!   delivery;
+//! * was one of several calls of an apalis `.retry(..)` layer around this one (each of its calls
+//!   is a delivery with its own number).
+//!
+//! The letter's `first_attempt` is the first attempt of the last delivery.
+//!
+//! # Who retries what
+//!
+//! `#[retry]` retries inside one delivery and inside one claim: the blips a few seconds of
+//! backoff ride out (a timeout, a 503, a reset connection), invisible to the broker. The broker's
+//! redeliveries handle what one process cannot: a worker that died (its tasks come back once
+//! its heartbeat lapses), and failures that outlast one delivery's retries. The recommended
+//! configuration:
+//!
+//! * `#[idempotent(lease = "10s")]` outside `#[retry(attempts = 5, base = "500ms", cap = "8s")]`,
+//!   with `RedisStore`: a redelivery replays a finished job, and a dead worker's claim lapses
+//!   within seconds (each delivery that finds the dead worker's claim still live is handed back
+//!   with `InProgress` and spends one of the job's deliveries);
+//! * the producer pushes tasks with `max_attempts(3)` (or the workers set
+//!   `GuardLayer::new().deliveries(3)`, when the producer is not yours): three deliveries of five
+//!   attempts, one letter;
+//! * no apalis `.retry(..)` layer: `#[retry]` is the in-process retry;
+//! * apalis-redis `Config::heartbeat_interval(1s).missed_heartbeats(2)` (or longer on a loaded
+//!   network) for crash redelivery;
+//! * the handler returns the job's error to apalis.
 //!
 //! # Where the layer goes
 //!
@@ -111,6 +184,7 @@
 pub use crate::Delivery;
 
 use apalis_core::task::Task;
+use apalis_core::task::status::Status;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -192,7 +266,17 @@ where
 
     fn call(&mut self, task: Task<Args>) -> Self::Future {
         let delivery = self.layer.delivery(&task);
-        Box::pin(delivery.scope(self.inner.call(task)))
+        let status = task.raw_status().clone();
+        let handled = delivery.scope_settled(self.inner.call(task));
+        Box::pin(async move {
+            let (result, dead_lettered) = handled.await;
+            if dead_lettered && result.is_err() {
+                // The job's one dead letter is written: the runner must not deliver it again.
+                // apalis retries nothing `Killed` (its retry layer, apalis-redis's re-enqueue).
+                status.store(Status::Killed);
+            }
+            result
+        })
     }
 }
 
@@ -281,6 +365,61 @@ mod tests {
             })
         );
         assert_eq!(Delivery::current(), None);
+    }
+
+    /// A handler whose `#[retry]` loop (here [`crate::Policy::run`]) fails every attempt.
+    fn failing_service() -> TryServiceFn {
+        TryServiceFn
+    }
+
+    struct TryServiceFn;
+
+    impl Service<Task<()>> for TryServiceFn {
+        type Response = ();
+        type Error = std::io::Error;
+        type Future = Pin<Box<dyn Future<Output = Result<(), std::io::Error>> + Send>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Task<()>) -> Self::Future {
+            Box::pin(async {
+                crate::Policy::new()
+                    .attempts(2)
+                    .jitter(crate::Jitter::None)
+                    .run("job", async |_| {
+                        Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+                    })
+                    .await
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_whose_delivery_wrote_its_letter_is_killed_and_one_handed_back_is_not() {
+        use apalis_core::task::status::Status;
+        let letters = crate::MemoryDeadLetters::new();
+        let runtime = crate::Runtime::builder()
+            .dead_letters(letters.clone())
+            .build();
+        let mut service = GuardLayer::new().layer(failing_service());
+        // Delivery 2 of 3: handed back, the runner may deliver it again.
+        let second = task(1, Some(3));
+        let status = second.raw_status().clone();
+        status.store(Status::Failed);
+        assert!(runtime.scope(service.call(second)).await.is_err());
+        assert_eq!(status.load(), Status::Failed);
+        assert!(letters.is_empty());
+        // Delivery 3 of 3: the letter, and the runner must not deliver it again.
+        let third = task(2, Some(3));
+        let status = third.raw_status().clone();
+        status.store(Status::Failed);
+        assert!(runtime.scope(service.call(third)).await.is_err());
+        assert_eq!(status.load(), Status::Killed);
+        let letters = letters.letters();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(letters[0].attempts, 3 * 2);
     }
 
     /// A service from a closure, without tower's `util` feature.

@@ -51,8 +51,14 @@ pub struct Delivery {
     pub last: bool,
 }
 
+/// What the delivery scope holds: the delivery, and whether a dead letter was written in it.
+struct Scoped {
+    delivery: Delivery,
+    dead_lettered: Cell<bool>,
+}
+
 tokio::task_local! {
-    static DELIVERY: Delivery;
+    static DELIVERY: Scoped;
 }
 
 impl Delivery {
@@ -75,12 +81,60 @@ impl Delivery {
     /// # }
     /// ```
     pub fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
-        DELIVERY.scope(self, fut)
+        DELIVERY.scope(self.scoped(), fut)
+    }
+
+    /// [`Delivery::scope`], also telling whether a guarded call inside `fut` wrote a dead letter
+    /// during this delivery: a runner integration then knows the job is settled and must not be
+    /// delivered again, whatever `fut` returned (one job, one dead letter).
+    ///
+    /// An exhausted `#[retry]` on a delivery that is not the [`last`](Delivery::last) writes no
+    /// letter; it hands its error back for the runner to deliver the job again.
+    ///
+    #[cfg_attr(feature = "macros", doc = "```")]
+    #[cfg_attr(not(feature = "macros"), doc = "```ignore")]
+    /// use jobguard::Delivery;
+    ///
+    /// #[jobguard::retry(attempts = 2, base = "0ms", cap = "0ms", on = all)]
+    /// async fn job() -> Result<(), std::io::Error> {
+    ///     Err(std::io::ErrorKind::ConnectionReset.into())
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // Delivery 1 of 3: the error is handed back, no letter.
+    /// let (result, dead_lettered) = Delivery { number: 1, last: false }.scope_settled(job()).await;
+    /// assert!(result.is_err() && !dead_lettered);
+    /// // Delivery 3 of 3: the letter is written (to the runtime's sink).
+    /// let (result, dead_lettered) = Delivery { number: 3, last: true }.scope_settled(job()).await;
+    /// assert!(result.is_err() && dead_lettered);
+    /// # }
+    /// ```
+    pub fn scope_settled<F: Future>(self, fut: F) -> impl Future<Output = (F::Output, bool)> {
+        DELIVERY.scope(self.scoped(), async move {
+            let output = fut.await;
+            let dead_lettered = DELIVERY
+                .try_with(|s| s.dead_lettered.get())
+                .unwrap_or(false);
+            (output, dead_lettered)
+        })
+    }
+
+    fn scoped(self) -> Scoped {
+        Scoped {
+            delivery: self,
+            dead_lettered: Cell::new(false),
+        }
     }
 
     /// The delivery in scope on this task, if any.
     pub fn current() -> Option<Delivery> {
-        DELIVERY.try_with(|d| *d).ok()
+        DELIVERY.try_with(|s| s.delivery).ok()
+    }
+
+    /// Notes that a dead letter was written in the delivery in scope, if any.
+    pub(crate) fn dead_lettered() {
+        let _ = DELIVERY.try_with(|s| s.dead_lettered.set(true));
     }
 }
 

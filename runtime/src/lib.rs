@@ -51,7 +51,7 @@
 //!   `store::record` holds the stored form of a result and the claim token, which
 //!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share.
 //! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
-//!   views. May import `record`, `classify`.
+//!   views. May import `record`, `classify`, `attempt`.
 //! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
 //!   import `classify`, `error`.
 //! - `attempt`: [`attempt()`] and [`Delivery`]. Imports nothing of the crate.

@@ -1,7 +1,8 @@
 //! Observer hooks: every attempt, retry delay, give-up, replay and breaker transition.
 
+use crate::attempt::Delivery;
 use crate::classify::Verdict;
-use crate::record::{BreakerState, DeadLetter};
+use crate::record::{BreakerState, DeadLetter, GiveUp};
 use std::fmt;
 use std::time::Duration;
 
@@ -120,6 +121,24 @@ pub enum Event<'a> {
     },
     /// The job gave up; this letter goes to the sink.
     DeadLetter(&'a DeadLetter),
+    /// The retry loop gave up on a delivery that is not the runner's last: no dead letter is
+    /// written, and the error goes back to the runner, which delivers the job again
+    /// ([`Delivery`]). The last delivery writes the job's one letter.
+    HandedBack {
+        /// The job's name.
+        job: &'a str,
+        /// The idempotency key, when there is one.
+        key: Option<&'a str>,
+        /// Attempts made in this delivery.
+        attempts: u32,
+        /// The runner's delivery that ends here.
+        delivery: Delivery,
+        /// Why the loop stopped: [`GiveUp::Exhausted`], [`GiveUp::Budget`] or
+        /// [`GiveUp::CircuitOpen`].
+        reason: GiveUp,
+        /// The last failure.
+        error: &'a dyn fmt::Display,
+    },
     /// This call claimed its idempotency key and will run the job.
     Claimed {
         /// The key's namespace.
@@ -221,6 +240,22 @@ impl fmt::Debug for Event<'_> {
                 .field("attempts", &attempts)
                 .finish(),
             Event::DeadLetter(letter) => f.debug_tuple("DeadLetter").field(letter).finish(),
+            Event::HandedBack {
+                job,
+                key,
+                attempts,
+                delivery,
+                reason,
+                error,
+            } => f
+                .debug_struct("HandedBack")
+                .field("job", &job)
+                .field("key", &key)
+                .field("attempts", &attempts)
+                .field("delivery", &delivery)
+                .field("reason", &reason)
+                .field("error", &format_args!("{error}"))
+                .finish(),
             Event::Claimed { scope, key } => scoped(f, "Claimed", scope, key),
             Event::Replayed { scope, key } => scoped(f, "Replayed", scope, key),
             Event::InProgress {

@@ -51,11 +51,14 @@ pub struct DeadLetter {
     pub key: Option<String>,
     /// Why it gave up.
     pub reason: GiveUp,
-    /// Attempts made.
+    /// Attempts made. Under a job runner's [`Delivery`](crate::Delivery), the attempts of every
+    /// delivery, counted as `(number - 1) × the policy's attempts + this delivery's` (see
+    /// `jobguard::apalis` for when that is exact).
     pub attempts: u32,
     /// The last error's `Display`.
     pub error: String,
-    /// When the first attempt started.
+    /// When the first attempt started: under a job runner, the first attempt of the last
+    /// delivery.
     pub first_attempt: SystemTime,
     /// When the last attempt started.
     pub last_attempt: SystemTime,

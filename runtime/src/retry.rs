@@ -15,7 +15,7 @@
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
 //! observes.
 
-use crate::attempt::{self, Running};
+use crate::attempt::{self, Delivery, Running};
 use crate::bounds::FromJobguard;
 use crate::breaker::{CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
@@ -445,14 +445,42 @@ impl<'a> Retry<'a> {
 
     /// The dead letter, raised as an event and sent to the sink by the returned future, which
     /// reports a sink's failure and never fails itself.
+    ///
+    /// One job, one dead letter: on a runner's delivery that is not the last, a give-up that
+    /// another delivery could get past (not a permanent failure) writes no letter; the error is
+    /// handed back to the runner, which delivers the job again. The letter of the last delivery
+    /// counts the attempts of every delivery, taking each earlier one to have made all of the
+    /// policy's attempts (see `jobguard::apalis` for when that is exact).
     fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
+        let delivery = Delivery::current();
+        let this_delivery = self.running.number;
+        if let Some(delivery) = delivery
+            && !delivery.last
+            && redeliverable(reason)
+        {
+            self.emit(&Event::HandedBack {
+                job: self.job,
+                key: self.key,
+                attempts: this_delivery,
+                delivery,
+                reason,
+                error: &error,
+            });
+            return Box::pin(std::future::ready(()));
+        }
+        let attempts = delivery.map_or(this_delivery, |d| {
+            (d.number.saturating_sub(1))
+                .saturating_mul(self.policy.attempts)
+                .saturating_add(this_delivery)
+        });
+        Delivery::dead_lettered();
         let now = SystemTime::now();
         let first = self.first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
             reason,
-            self.running.number,
+            attempts,
             error,
             first,
             self.last_wall.unwrap_or(first),
@@ -484,6 +512,15 @@ impl<'a> Retry<'a> {
         );
         Box::pin(sending)
     }
+}
+
+/// Whether a give-up for `reason` is one that a later delivery of the job could get past: the
+/// attempts or the budget ran out, or the breaker was open. A permanent failure is not.
+const fn redeliverable(reason: GiveUp) -> bool {
+    matches!(
+        reason,
+        GiveUp::Exhausted | GiveUp::Budget | GiveUp::CircuitOpen
+    )
 }
 
 /// The `on_ok` of a round without one: every `Ok` is accepted (it is never called).

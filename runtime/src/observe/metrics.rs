@@ -7,6 +7,7 @@
 //! | `jobguard_attempts_total` | counter | `job` | an attempt starts |
 //! | `jobguard_retries_total` | counter | `job` | a failed attempt will be retried |
 //! | `jobguard_dead_lettered_total` | counter | `job`, `reason` | a job gives up (`reason`: [`GiveUp::as_str`](crate::GiveUp::as_str)) |
+//! | `jobguard_handed_back_total` | counter | `job` | a job's retries ran out on a delivery that is not the runner's last: no letter, the runner delivers it again |
 //! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
 //! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
@@ -46,6 +47,9 @@ pub const ATTEMPTS: &str = "jobguard_attempts_total";
 pub const RETRIES: &str = "jobguard_retries_total";
 /// `jobguard_dead_lettered_total{job,reason}`: give-ups.
 pub const DEAD_LETTERED: &str = "jobguard_dead_lettered_total";
+/// `jobguard_handed_back_total{job}`: give-ups handed back to the job runner for another
+/// delivery, without a dead letter.
+pub const HANDED_BACK: &str = "jobguard_handed_back_total";
 /// `jobguard_replays_total{job}`: idempotent calls answered from a stored result.
 pub const REPLAYS: &str = "jobguard_replays_total";
 /// `jobguard_in_progress_total{job}`: idempotent calls that found the key held by another worker.
@@ -75,6 +79,10 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERED,
         "Jobs that gave up and were dead-lettered, by reason."
+    );
+    describe_counter!(
+        HANDED_BACK,
+        "Jobs whose retries ran out on a delivery that is not the runner's last, handed back for another."
     );
     describe_counter!(REPLAYS, "Idempotent calls answered from a stored result.");
     describe_counter!(
@@ -158,6 +166,7 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::Attempt { job, .. } => increment(ATTEMPTS, Dim::Job, job),
         Event::Retry { job, .. } => increment(RETRIES, Dim::Job, job),
         Event::DeadLetter(letter) => dead_lettered(letter),
+        Event::HandedBack { job, .. } => increment(HANDED_BACK, Dim::Job, job),
         Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
         Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),

@@ -126,6 +126,20 @@ fn record_enabled(event: &Event<'_>) {
             error = %letter.error,
             "gave up",
         ),
+        Event::HandedBack {
+            attempts,
+            delivery,
+            reason,
+            error,
+            ..
+        } => info!(
+            target: "jobguard",
+            attempts,
+            delivery = delivery.number,
+            reason = reason.as_str(),
+            error = %error,
+            "handed back to the runner",
+        ),
         Event::Replayed { scope, key } => info!(target: "jobguard", scope, key, "replayed"),
         Event::InProgress {
             scope,
