@@ -11,6 +11,13 @@
 //! ends every job in flight, and one caught between its effect and its stored result would be in
 //! the window that `durable_window.rs` shows on purpose.
 //!
+//! The crash point `abort` is different: a worker that reaches it counts the run (`INCR
+//! runs:{id}`) and aborts its process (`std::process::abort`), every time, as a job with a bug
+//! that kills its worker would; the harness restarts a worker that exited when the test said it
+//! may ([`Workers::allow_exits`]).
+//!
+//! The workers' dead letters go to the Redis stream [`DEAD_LETTERS`] on the test's server.
+//!
 //! Each test binary runs itself as a worker process: its `worker` test does nothing unless
 //! [`WORKER_ENV`] holds a Redis URL, and then runs a worker until it is killed.
 
@@ -19,7 +26,7 @@
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use jobguard::apalis::{Delivery, GuardLayer};
-use jobguard::{MemoryDeadLetters, RedisStore, Runtime};
+use jobguard::{RedisDeadLetters, RedisStore, Runtime, Transient as _, Verdict};
 use jobguard_testkit::redis::rerun_test;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
@@ -31,14 +38,17 @@ use std::time::{Duration, Instant};
 /// Set to a Redis URL, it makes the test binary's `worker` test run a worker.
 pub const WORKER_ENV: &str = "JOBGUARD_DURABLE_WORKER";
 /// Crash points: `point:id,id;point:id`, with `point` one of `before` (the claim is held, the
-/// effect not done), `effect` (the effect done, the result not stored) and `acked` (the result
-/// stored, the task not acknowledged to the broker).
+/// effect not done), `effect` (the effect done, the result not stored), `acked` (the result
+/// stored, the task not acknowledged to the broker) and `abort` (the run counted, then the
+/// process aborts, at every delivery).
 pub const CRASH_ENV: &str = "JOBGUARD_TEST_CRASH";
 
 /// The apalis queue the tests use.
 const QUEUE: &str = "durable";
 /// The list where a worker that reached a crash point announces `pid point id`.
 const HOLDS: &str = "test:holds";
+/// The stream the workers' dead letters go to.
+pub const DEAD_LETTERS: &str = "test:dead_letters";
 
 /// One job: an id, and how its effect reaches the downstream.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -90,6 +100,10 @@ pub struct Workers {
     children: Vec<Child>,
     /// The crash points at which a worker was killed, as `(point, id)`.
     pub kills: Vec<(String, u32)>,
+    /// Whether a worker may exit on its own (at an `abort` crash point): it is then restarted.
+    exits_allowed: bool,
+    /// Workers that exited on their own, and were restarted.
+    pub exits: usize,
 }
 
 impl Workers {
@@ -101,6 +115,8 @@ impl Workers {
             crash: crash.to_owned(),
             children: Vec::new(),
             kills: Vec::new(),
+            exits_allowed: false,
+            exits: 0,
         };
         for _ in 0..n {
             let child = workers.spawn();
@@ -116,6 +132,13 @@ impl Workers {
             .stdout(Stdio::null())
             .spawn()
             .expect("start a worker process")
+    }
+
+    /// Lets workers exit on their own (an `abort` crash point): each is restarted and counted in
+    /// [`exits`](Self::exits).
+    pub fn allow_exits(mut self) -> Self {
+        self.exits_allowed = true;
+        self
     }
 
     /// Kills (SIGKILL) every worker that announced a crash point, and starts one in its place.
@@ -143,9 +166,11 @@ impl Workers {
             self.kills.push((point, id));
             killed += 1;
         }
-        for child in &mut self.children {
-            if let Some(status) = child.try_wait().expect("poll a worker") {
-                panic!("a worker exited on its own: {status}");
+        for i in 0..self.children.len() {
+            if let Some(status) = self.children[i].try_wait().expect("poll a worker") {
+                assert!(self.exits_allowed, "a worker exited on its own: {status}");
+                self.children[i] = self.spawn();
+                self.exits += 1;
             }
         }
         killed
@@ -260,7 +285,11 @@ async fn run_worker(url: &str) {
         .unwrap_or_else(|_| panic!("connection set once"));
     Runtime::builder()
         .store(RedisStore::connect(url).await.expect("RedisStore"))
-        .dead_letters(MemoryDeadLetters::new())
+        .dead_letters(
+            RedisDeadLetters::connect(url, DEAD_LETTERS)
+                .await
+                .expect("RedisDeadLetters"),
+        )
         .build()
         .install()
         .expect("the first runtime installed in this process");
@@ -276,10 +305,15 @@ async fn run_worker(url: &str) {
         .expect("the worker runs until it is killed");
 }
 
-/// The handler: the idempotent job, then the point between the stored result and the ack.
-async fn handle(job: Job) -> Result<u64, jobguard::Error> {
+/// The handler: the idempotent job, then the point between the stored result and the ack. A
+/// permanent error (a poisoned job) is an `AbortError`, which apalis does not deliver again.
+async fn handle(job: Job) -> Result<u64, BoxDynError> {
     let id = job.id;
-    let n = effect(job).await?;
+    let n = match effect(job).await {
+        Ok(n) => n,
+        Err(e) if e.verdict() == Verdict::Fail => return Err(Box::new(AbortError::new(e))),
+        Err(e) => return Err(Box::new(e)),
+    };
     crash_point("acked", id).await;
     Ok(n)
 }
@@ -298,6 +332,7 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .incr(format!("runs:{}", job.id), 1)
         .await
         .map_err(store)?;
+    abort_point(job.id);
     let n: u64 = match job.downstream {
         Downstream::Plain => redis.incr(format!("effect:{}", job.id), 1).await,
         Downstream::Dedupe => {
@@ -320,6 +355,15 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
 
 fn store(e: redis::RedisError) -> jobguard::Error {
     jobguard::Error::Store(e.to_string())
+}
+
+/// At an `abort` crash point named for this job, the process aborts: no unwinding, no release,
+/// no reply to the broker.
+fn abort_point(id: u32) {
+    let crashes = CRASHES.get().expect("crash points");
+    if crashes.iter().any(|(p, i)| p == "abort" && *i == id) {
+        std::process::abort();
+    }
 }
 
 /// At a crash point named for this job, the first worker to reach it announces itself and
