@@ -31,8 +31,7 @@ async fn a_job_that_aborts_its_worker_is_dead_lettered_after_three_crashes_and_n
         return;
     };
     let url = server.url();
-    let mut workers =
-        Workers::start(&url, "worker", &format!("abort:{POISON}"), 2).allow_exits();
+    let mut workers = Workers::start(&url, "worker", &format!("abort:{POISON}"), 2).allow_exits();
     let jobs: Vec<Job> = (0..JOBS)
         .map(|id| Job {
             id,

@@ -39,8 +39,10 @@ use std::time::{Duration, Instant};
 pub const WORKER_ENV: &str = "JOBGUARD_DURABLE_WORKER";
 /// Crash points: `point:id,id;point:id`, with `point` one of `before` (the claim is held, the
 /// effect not done), `effect` (the effect done, the result not stored), `acked` (the result
-/// stored, the task not acknowledged to the broker) and `abort` (the run counted, then the
-/// process aborts, at every delivery).
+/// stored, the task not acknowledged to the broker), `abort` (the run counted, then the
+/// process aborts, at every delivery) and `stall` (the run counted, the effect not yet written:
+/// the harness stops the process with `SIGSTOP`, as a GC pause or a stalled VM would, until
+/// [`Workers::resume_stalled`]).
 pub const CRASH_ENV: &str = "JOBGUARD_TEST_CRASH";
 
 /// The apalis queue the tests use.
@@ -67,6 +69,10 @@ pub enum Downstream {
     /// The key goes with the write, and the downstream applies a key once: `INCR effect:{id}`
     /// only when `applied:{id}` was not set.
     Dedupe,
+    /// The claim's fence goes with the write, and the downstream keeps the largest it has seen
+    /// (`fence:{id}`) and refuses a write with a smaller one; each fence that arrives is pushed
+    /// on `fences:{id}`, each refusal counted in `refused:{id}`.
+    Fenced,
 }
 
 /// The apalis-redis settings of the tests: a worker whose heartbeat stops for 2 s is dead, and
@@ -104,6 +110,8 @@ pub struct Workers {
     exits_allowed: bool,
     /// Workers that exited on their own, and were restarted.
     pub exits: usize,
+    /// Workers stopped (`SIGSTOP`) at a `stall` point, as `(pid, id)`.
+    pub stalled: Vec<(u32, u32)>,
 }
 
 impl Workers {
@@ -117,6 +125,7 @@ impl Workers {
             kills: Vec::new(),
             exits_allowed: false,
             exits: 0,
+            stalled: Vec::new(),
         };
         for _ in 0..n {
             let child = workers.spawn();
@@ -154,6 +163,13 @@ impl Workers {
             let pid: u32 = parts.next().and_then(|p| p.parse().ok()).expect("pid");
             let point = parts.next().expect("point").to_owned();
             let id: u32 = parts.next().and_then(|p| p.parse().ok()).expect("id");
+            if point == "stall" {
+                // Paused, not killed: its heartbeats stop and its lease lapses, and it wakes up
+                // when the test says.
+                signal(pid, "-STOP");
+                self.stalled.push((pid, id));
+                continue;
+            }
             let index = self
                 .children
                 .iter()
@@ -174,6 +190,17 @@ impl Workers {
             }
         }
         killed
+    }
+
+    /// Wakes every stalled worker (`SIGCONT`) and lets its job go on from the `stall` point.
+    pub async fn resume_stalled(&mut self, redis: &mut ConnectionManager) {
+        for (pid, id) in self.stalled.drain(..) {
+            let _: () = redis
+                .set(format!("resume:{id}"), 1)
+                .await
+                .expect("SET resume");
+            signal(pid, "-CONT");
+        }
     }
 
     /// Kills held workers and restarts them until `done` tasks are acknowledged as done, or
@@ -211,6 +238,16 @@ impl Drop for Workers {
             let _ = child.wait();
         }
     }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid` with kill(1).
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
 /// A connection to the test's server.
@@ -333,28 +370,113 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .await
         .map_err(store)?;
     abort_point(job.id);
+    stall_point(job.id).await;
     let n: u64 = match job.downstream {
-        Downstream::Plain => redis.incr(format!("effect:{}", job.id), 1).await,
-        Downstream::Dedupe => {
-            redis::Script::new(
-                "if redis.call('SET', KEYS[1], '1', 'NX') then \
-                     return redis.call('INCR', KEYS[2]) \
+        Downstream::Plain => redis
+            .incr(format!("effect:{}", job.id), 1)
+            .await
+            .map_err(store)?,
+        Downstream::Dedupe => redis::Script::new(
+            "if redis.call('SET', KEYS[1], '1', 'NX') then \
+                 return redis.call('INCR', KEYS[2]) \
+             end \
+             return tonumber(redis.call('GET', KEYS[2]))",
+        )
+        .key(format!("applied:{}", job.id))
+        .key(format!("effect:{}", job.id))
+        .invoke_async(&mut redis)
+        .await
+        .map_err(store)?,
+        Downstream::Fenced => {
+            let fence = jobguard::fence().expect("RedisStore numbers its claims");
+            let applied: i64 = redis::Script::new(
+                "redis.call('RPUSH', KEYS[3], ARGV[1]) \
+                 local seen = tonumber(redis.call('GET', KEYS[1]) or '0') \
+                 if tonumber(ARGV[1]) < seen then \
+                     redis.call('INCR', KEYS[4]) \
+                     return -1 \
                  end \
-                 return tonumber(redis.call('GET', KEYS[2]))",
+                 redis.call('SET', KEYS[1], ARGV[1]) \
+                 return redis.call('INCR', KEYS[2])",
             )
-            .key(format!("applied:{}", job.id))
+            .key(format!("fence:{}", job.id))
             .key(format!("effect:{}", job.id))
+            .key(format!("fences:{}", job.id))
+            .key(format!("refused:{}", job.id))
+            .arg(fence)
             .invoke_async(&mut redis)
             .await
+            .map_err(store)?;
+            // Refused: a newer claim has written, so this worker's lease lapsed; it stops here.
+            u64::try_from(applied).map_err(|_| jobguard::Error::LeaseLost)?
         }
-    }
-    .map_err(store)?;
+    };
+    let _: () = redis
+        .incr(format!("written:{}", job.id), 1)
+        .await
+        .map_err(store)?;
     crash_point("effect", job.id).await;
     Ok(n)
 }
 
 fn store(e: redis::RedisError) -> jobguard::Error {
     jobguard::Error::Store(e.to_string())
+}
+
+/// At a `stall` crash point named for this job, the first worker to reach it announces itself,
+/// is stopped by the harness, and goes on once `resume:{id}` is set.
+async fn stall_point(id: u32) {
+    let crashes = CRASHES.get().expect("crash points");
+    if !crashes.iter().any(|(p, i)| p == "stall" && *i == id) {
+        return;
+    }
+    let mut redis = redis();
+    let first: bool = redis::cmd("SET")
+        .arg(format!("held:stall:{id}"))
+        .arg(std::process::id())
+        .arg("NX")
+        .query_async::<Option<String>>(&mut redis)
+        .await
+        .expect("SET NX")
+        .is_some();
+    if !first {
+        return;
+    }
+    let _: () = redis
+        .rpush(HOLDS, format!("{} stall {id}", std::process::id()))
+        .await
+        .expect("announce the stall");
+    // Polls for the test's word; the process is stopped in between, so most of the waiting is
+    // not even this loop's.
+    while redis
+        .get::<_, Option<u32>>(format!("resume:{id}"))
+        .await
+        .expect("GET resume")
+        .is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many of job `id`'s writes the fenced downstream refused.
+pub async fn refused(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("refused:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// How many of job `id`'s runs got past the downstream write (applied or, for a plain one,
+/// landed).
+pub async fn written(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("written:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// The fences of job `id`'s writes, in the order the fenced downstream received them.
+pub async fn fences(redis: &mut ConnectionManager, id: u32) -> Vec<u64> {
+    redis
+        .lrange(format!("fences:{id}"), 0, -1)
+        .await
+        .expect("LRANGE")
 }
 
 /// At an `abort` crash point named for this job, the process aborts: no unwinding, no release,
