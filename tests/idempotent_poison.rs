@@ -195,7 +195,8 @@ async fn deep() -> Option<u64> {
 
 #[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", jitter = none, on = all)]
 async fn inner(seen: &Mutex<Vec<Option<u64>>>) -> Result<(), Error> {
-    seen.lock().unwrap().push(deep().await);
+    let fence = deep().await;
+    seen.lock().unwrap().push(fence);
     if seen.lock().unwrap().len() == 1 {
         return Err(Error::Timeout);
     }
