@@ -35,7 +35,7 @@
 //! died (or stalled past its lease). The next claim takes it over, and the store counts it. The
 //! claim that finds [`crashes`](Idempotent::crashes) of them counted (3 by default) is refused:
 //! the call fails with [`Error::Poisoned`] (permanent, so `#[retry]` does not retry it), the job
-//! is dead-lettered once with [`GiveUp::Crashed`](crate::GiveUp::Crashed) through the runtime's
+//! is dead-lettered once with [`GiveUp::Crashed`] through the runtime's
 //! dead-letter sink, and every later delivery is refused with [`Error::Poisoned`] and no letter,
 //! until the key's TTL ends. A job that kills its worker (an abort, an out-of-memory kill, a
 //! segfault in a native library) thus runs at most `crashes` times, instead of taking down
@@ -145,7 +145,7 @@ impl<'a> Idempotent<'a> {
     /// * Claimed elsewhere: [`Error::InProgress`] (or the other run's result, with [`wait`](Self::wait)).
     /// * Abandoned [`crashes`](Self::crashes) times: [`Error::Poisoned`], and `work` is not run
     ///   (the first caller to find it so dead-letters the job, with
-    ///   [`GiveUp::Crashed`](crate::GiveUp::Crashed)).
+    ///   [`GiveUp::Crashed`]).
     /// * Store unreachable: [`Error::Store`], and `work` is not run (fail closed).
     /// * `work` fails, is cancelled or panics: the claim is released so a redelivery runs it again.
     /// * `work` succeeds: the value is stored for the TTL and returned.
