@@ -33,7 +33,9 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::process::{Child, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Set to a Redis URL, it makes the test binary's `worker` test run a worker.
 pub const WORKER_ENV: &str = "JOBGUARD_DURABLE_WORKER";
@@ -332,14 +334,17 @@ async fn run_worker(url: &str) {
         .expect("the first runtime installed in this process");
     let storage = RedisStorage::<Job>::new(apalis_redis::connect(url).await.expect("connect"))
         .with_config(config());
-    WorkerBuilder::new(format!("worker-{}", std::process::id()))
+    let worker = WorkerBuilder::new(format!("worker-{}", std::process::id()))
         .backend(storage)
         .concurrency(1)
         .layer(GuardLayer::new())
         .build(handle)
         .run()
-        .await
-        .expect("the worker runs until it is killed");
+        .await;
+    // A worker woken from a stall may stop here (its heartbeat lapsed); its job's late write
+    // still goes out before the process ends.
+    tails_done().await;
+    worker.expect("the worker runs until it is killed");
 }
 
 /// The handler: the idempotent job, then the point between the stored result and the ack. A
@@ -370,6 +375,27 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .await
         .map_err(store)?;
     abort_point(job.id);
+    // The stall and the write run in a task of their own, which the worker process waits for
+    // before it exits: a worker woken from a stall may find its apalis worker gone (its
+    // heartbeat lapsed) and its handler's future dropped, and the late write must still happen.
+    let fence = jobguard::fence();
+    TAILS.fetch_add(1, Ordering::SeqCst);
+    let n = tokio::spawn(async move {
+        let written = stall_then_write(job, fence).await;
+        TAILS.fetch_sub(1, Ordering::SeqCst);
+        TAIL_DONE.notify_waiters();
+        written
+    })
+    .await
+    .expect("the write's task")?;
+    crash_point("effect", job.id).await;
+    Ok(n)
+}
+
+/// The job's tail: the `stall` point, then the write to the downstream, counted in
+/// `written:{id}`.
+async fn stall_then_write(job: Job, fence: Option<u64>) -> Result<u64, jobguard::Error> {
+    let mut redis = redis();
     stall_point(job.id).await;
     let n: u64 = match job.downstream {
         Downstream::Plain => redis
@@ -388,7 +414,7 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .await
         .map_err(store)?,
         Downstream::Fenced => {
-            let fence = jobguard::fence().expect("RedisStore numbers its claims");
+            let fence = fence.expect("RedisStore numbers its claims");
             let applied: i64 = redis::Script::new(
                 "redis.call('RPUSH', KEYS[3], ARGV[1]) \
                  local seen = tonumber(redis.call('GET', KEYS[1]) or '0') \
@@ -415,8 +441,23 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .incr(format!("written:{}", job.id), 1)
         .await
         .map_err(store)?;
-    crash_point("effect", job.id).await;
     Ok(n)
+}
+
+/// Job tails ([`stall_then_write`]) running in this process.
+static TAILS: AtomicUsize = AtomicUsize::new(0);
+/// Woken when a tail ends.
+static TAIL_DONE: Notify = Notify::const_new();
+
+/// Waits until no job tail runs in this process.
+async fn tails_done() {
+    loop {
+        let done = TAIL_DONE.notified();
+        if TAILS.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        done.await;
+    }
 }
 
 fn store(e: redis::RedisError) -> jobguard::Error {
