@@ -247,3 +247,63 @@ async fn the_fence_is_the_claims_generation_at_any_depth_and_none_outside() {
     );
     assert_eq!(jobguard::fence(), None, "restored after the call");
 }
+
+/// A store that implements only `claim`: it numbers no claims and counts no crashes.
+#[derive(Clone, Default)]
+struct Plain(MemoryStore);
+
+impl Store for Plain {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> jobguard::store::StoreFuture<'a, jobguard::Claim> {
+        self.0.claim(key, token, fingerprint, lease)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.complete(key, token, record, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.renew(key, token, lease)
+    }
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.plain", lease = "5s")]
+async fn on_a_plain_store(order: &str) -> Result<Option<u64>, Error> {
+    Ok(jobguard::fence())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_numbers_no_claims_gives_no_fence_and_counts_no_crash() {
+    let store = Plain::default();
+    let runtime = Runtime::builder().store(store.clone()).build();
+    let k = StoreKey {
+        scope: "tests.poison.plain",
+        key: "order-X",
+    };
+    for _ in 0..5 {
+        store.claim(k, "dies", None, LEASE).await.unwrap();
+        tokio::time::advance(LEASE).await;
+    }
+    assert_eq!(runtime.scope(on_a_plain_store("order-X")).await, Ok(None));
+}
