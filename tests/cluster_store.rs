@@ -45,6 +45,8 @@ async fn the_store_conformance_suite_passes_on_a_cluster() {
     conformance::run_all(&backend).await;
     backend.clear().await;
     conformance::a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(&backend.store).await;
+    backend.clear().await;
+    conformance::records_of_the_first_layout_are_read(&backend.store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -9,7 +9,7 @@
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::{Claim, ClaimOptions, Claimed, Error, Store, StoreKey};
 use postgres::PgServer;
 use sqlx::Row;
 use std::time::{Duration, Instant};
@@ -37,6 +37,22 @@ async fn left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
     sqlx::query(
         "SELECT floor(extract(epoch FROM expires_at - now()) * 1000000)::bigint \
          FROM jobguard_keys WHERE scope = $1 AND key = $2",
+    )
+    .bind(&*scope)
+    .bind(&*key)
+    .fetch_optional(store.pool())
+    .await
+    .expect("read the row")
+    .map(|row| row.get(0))
+}
+
+/// Microseconds left on the row's lease (a claim written before crash counting has none of its
+/// own: its lease ends at its `expires_at`), or `None` when there is no row.
+async fn lease_left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
+    let (scope, key) = PgStore::row_key(k);
+    sqlx::query(
+        "SELECT floor(extract(epoch FROM coalesce(lease_ends_at, expires_at) - now()) \
+         * 1000000)::bigint FROM jobguard_keys WHERE scope = $1 AND key = $2",
     )
     .bind(&*scope)
     .bind(&*key)
@@ -102,7 +118,11 @@ async fn release_frees_the_key_only_for_its_holder() {
         Ok(Claim::InProgress { .. })
     ));
     store.release(k, "t1").await.unwrap();
-    assert_eq!(left_us(&store, k).await, None, "the row is gone");
+    // The row stays, without its claim, to keep the key's generation and crash count.
+    let left = left_us(&store, k)
+        .await
+        .expect("the row keeps the key's history");
+    assert!(left > 86_000_000_000, "until the claim's TTL: {left} µs");
     assert_eq!(store.claim(k, "t2", None, LONG).await, Ok(Claim::Acquired));
     store.release(key("never-claimed"), "t").await.unwrap();
 }
@@ -115,12 +135,12 @@ async fn renew_extends_the_lease_only_for_its_holder() {
     let store = connect(&server).await;
     let k = key("k");
     assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
-    assert!(left_us(&store, k).await.unwrap() <= 300_000);
+    assert!(lease_left_us(&store, k).await.unwrap() <= 300_000);
     store.renew(k, "t1", LONG).await.unwrap();
-    assert!(left_us(&store, k).await.unwrap() > 59_000_000);
+    assert!(lease_left_us(&store, k).await.unwrap() > 59_000_000);
     assert_eq!(store.renew(k, "t2", SHORT).await, Err(Error::LeaseLost));
     assert!(
-        left_us(&store, k).await.unwrap() > 59_000_000,
+        lease_left_us(&store, k).await.unwrap() > 59_000_000,
         "a stranger's renew changes nothing"
     );
     assert_eq!(
@@ -201,7 +221,7 @@ async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_cla
         store.claim(k, "third", None, LONG).await,
         Ok(Claim::InProgress { .. })
     ));
-    assert!(left_us(&store, k).await.unwrap() > 59_000_000);
+    assert!(lease_left_us(&store, k).await.unwrap() > 59_000_000);
     store.renew(k, "successor", LONG).await.unwrap();
     store
         .complete(k, "successor", b"result", DAY)
@@ -228,7 +248,7 @@ async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_cla
         Ok(Claim::Acquired)
     );
     let deadline = Instant::now() + Duration::from_secs(5);
-    while left_us(&store, lapsed).await.unwrap() > 0 {
+    while lease_left_us(&store, lapsed).await.unwrap() > 0 {
         assert!(Instant::now() < deadline);
         tokio::task::yield_now().await;
     }
@@ -552,4 +572,81 @@ async fn sqlx_errors_from_the_server_are_transient_or_permanent_by_their_code() 
         .await
         .unwrap_err();
     assert_eq!(cut.verdict(), Verdict::Retry, "{cut:?}");
+}
+
+/// The table as versions before crash counting made it.
+const FIRST_MIGRATION: &str = r#"
+CREATE TABLE IF NOT EXISTS jobguard_keys (
+    scope       text        NOT NULL,
+    key         text        NOT NULL,
+    token       text,
+    fingerprint text,
+    result      bytea,
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (scope, key),
+    CONSTRAINT jobguard_keys_claimed_or_completed CHECK ((token IS NULL) <> (result IS NULL))
+);
+CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
+    ON jobguard_keys (expires_at) WHERE token IS NULL;
+"#;
+
+#[tokio::test]
+async fn migrate_upgrades_a_table_made_before_crash_counting_and_reads_its_rows() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let store = PgStore::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql(FIRST_MIGRATION)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (scope, _) = PgStore::row_key(key("x"));
+    sqlx::query(
+        "INSERT INTO jobguard_keys (scope, key, token, fingerprint, result, expires_at) VALUES \
+         ($1, 'done', NULL, 'fp', '\\x7b7d'::bytea, now() + interval '1 hour'), \
+         ($1, 'held', 'old-token', NULL, NULL, now() + interval '1 minute'), \
+         ($1, 'lapsed', 'dead-token', NULL, NULL, now() - interval '1 second')",
+    )
+    .bind(&*scope)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let constraints: Vec<String> = sqlx::query_scalar(
+        "SELECT conname::text FROM pg_constraint \
+         WHERE conrelid = 'jobguard_keys'::regclass AND contype = 'c'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(constraints, ["jobguard_keys_claim_or_result"]);
+
+    let options = ClaimOptions::new(LONG).fingerprint(Some("fp"));
+    assert_eq!(
+        store.claim_with(key("done"), "t", options).await,
+        Ok(Claimed::Completed(b"{}".to_vec()))
+    );
+    // An old claim's lease is its row's expiry: live until then, its holder's to complete.
+    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(key("held"), "t", options).await
+    else {
+        panic!("an old claim is in progress");
+    };
+    assert!(retry_in > Duration::from_secs(50), "{retry_in:?}");
+    store
+        .renew(key("held"), "old-token", LONG)
+        .await
+        .expect("the old holder renews");
+    store
+        .complete(key("held"), "old-token", b"r", DAY)
+        .await
+        .expect("the old holder completes");
+    // A claim whose row expired is free: a new generation, its crash not counted.
+    assert_eq!(
+        store.claim_with(key("lapsed"), "t", options).await,
+        Ok(Claimed::Acquired {
+            generation: 1,
+            crashes: 0
+        })
+    );
 }

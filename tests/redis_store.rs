@@ -51,6 +51,14 @@ async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic() {
     conformance::a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(&backend.store).await;
 }
 
+#[tokio::test]
+async fn records_of_the_first_layout_are_read() {
+    let Some(backend) = single_node().await else {
+        return;
+    };
+    conformance::records_of_the_first_layout_are_read(&backend.store).await;
+}
+
 #[test]
 fn no_two_distinct_scope_key_pairs_share_a_redis_key() {
     let pairs = tricky_pairs();

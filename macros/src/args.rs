@@ -140,6 +140,7 @@ pub(crate) struct IdempotentArgs {
     pub key: Option<Expr>,
     pub ttl: Option<DurationArg>,
     pub lease: Option<DurationArg>,
+    pub crashes: Option<syn::LitInt>,
     pub scope: Option<LitStr>,
     pub fingerprint: Option<Expr>,
     pub store: Option<Expr>,
@@ -299,6 +300,7 @@ pub(crate) const IDEMPOTENT: &[Key<IdempotentArgs>] = &[
     key!("key" => key, expr),
     key!("ttl" => ttl, DurationArg::parse),
     key!("lease" => lease, DurationArg::parse),
+    key!("crashes" => crashes, |_, e, errors| crashes(e, errors)),
     key!("scope" => scope, |_, e, errors| scope(e, errors)),
     key!("fingerprint" => fingerprint, expr),
     key!("store" => store, expr),
@@ -393,6 +395,55 @@ fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {
         }
     }
     Some(expr)
+}
+
+/// `crashes = N`: a whole number literal, `0` for "never poison".
+fn crashes(expr: Expr, errors: &mut Errors) -> Option<syn::LitInt> {
+    const HELP: &str = "`crashes` is how many times a worker may die running the job before it is \
+                        refused and dead-lettered, such as `crashes = 3` (the default); \
+                        `crashes = 0` never refuses it";
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => match i.base10_parse::<u32>() {
+            Ok(_) if i.suffix().is_empty() || i.suffix() == "u32" => Some(i),
+            Ok(_) => {
+                errors.at(
+                    i.span(),
+                    format!("`crashes` takes a whole number without a suffix; {HELP}"),
+                );
+                None
+            }
+            Err(_) => {
+                errors.at(
+                    i.span(),
+                    format!("`crashes` must be a whole number from 0 to 4294967295; {HELP}"),
+                );
+                None
+            }
+        },
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
+            errors.at(expr.span(), format!("`crashes` cannot be negative; {HELP}"));
+            None
+        }
+        Expr::Lit(lit) => {
+            errors.at(
+                lit.span(),
+                format!("`crashes` takes a whole number, without quotes; {HELP}"),
+            );
+            None
+        }
+        other => {
+            errors.at(
+                other.span(),
+                format!("`crashes` takes a whole number literal; {HELP}"),
+            );
+            None
+        }
+    }
 }
 
 fn jitter(expr: Expr, errors: &mut Errors) -> Option<Ident> {

@@ -451,6 +451,11 @@ fn idempotent_call(
         let d = duration(lease);
         call.extend(quote!(.lease(#d)));
     }
+    if let Some(crashes) = &i.crashes {
+        let n = crashes.base10_digits();
+        let n = syn::LitInt::new(&format!("{n}u32"), crashes.span());
+        call.extend(quote!(.crashes(#n)));
+    }
     match &i.in_progress {
         Some(InProgress::Wait(d)) => {
             let d = duration(d);

@@ -69,6 +69,16 @@ const CASES: &[Case] = &[
         "#,
     },
     Case {
+        name: "idempotent_crashes",
+        kind: Kind::Idempotent,
+        args: r#"key = job.id, lease = "2s", crashes = 5"#,
+        item: r#"
+            async fn effect(job: Job) -> Result<u64, Error> {
+                downstream().write(job.id, jobguard::fence()).await
+            }
+        "#,
+    },
+    Case {
         name: "idempotent_retry",
         kind: Kind::Idempotent,
         args: r#"key = order_id"#,

@@ -256,6 +256,12 @@ fn transaction(func: &ItemFn, args: &IdempotentArgs, tx: &Expr, errors: &mut Err
             "the key's row is locked by the transaction until it ends, so there is no lease",
         ),
         (
+            args.crashes.as_ref().map(Spanned::span),
+            "crashes",
+            "a worker that dies rolls its transaction back, key and all, so there is no claim \
+             left behind to count",
+        ),
+        (
             args.in_progress.as_ref().map(|_| tx.span()),
             "in_progress",
             "a duplicate in another transaction waits on the key's row until this one ends",

@@ -37,6 +37,8 @@ pub struct Attempt {
     /// When the attempt started, on tokio's clock (so a paused test clock drives it), to within
     /// the poll that started it: an attempt that asks during its first poll reads the clock then.
     pub started: Instant,
+    /// The generation of the idempotency claim the body runs under, as [`fence()`] gives it.
+    pub fence: Option<u64>,
 }
 
 /// One delivery of a job by a job runner: the broker's count, not the retry loop's.
@@ -161,6 +163,7 @@ pub fn attempt() -> Option<Attempt> {
         number: current as u32,
         delivery: Delivery::current(),
         started,
+        fence: fence(),
     })
 }
 
@@ -183,6 +186,93 @@ thread_local! {
     static CURRENT: Cell<u64> = const { Cell::new(OUTSIDE) };
     /// The running attempt's start, when [`CURRENT`] has [`HAS_START`].
     static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The generation of the claim whose body is being polled on this thread; [`NO_FENCE`] when
+    /// none is (or its store does not number claims).
+    static FENCE: Cell<u64> = const { Cell::new(NO_FENCE) };
+}
+
+/// No claim's body is being polled, or its store gave generation 0.
+const NO_FENCE: u64 = 0;
+
+/// The fencing token of the idempotent call whose body is running: the generation of the claim
+/// it holds. `None` outside an idempotent call, and under a store that does not number its
+/// claims (a [`Store`](crate::Store) that implements only `claim`).
+///
+/// Every claim of a key gets a generation one larger than the claim before it, and a claim that
+/// takes over an abandoned one (its lease lapsed) is a new claim. So the generation orders the
+/// workers that ever held the key: a larger one always came later. Pass it to the systems the
+/// body writes to.
+///
+/// # Why a lease is not enough
+///
+/// Martin Kleppmann's paused process ("How to do distributed locking", 2016): worker A claims
+/// the job with a 30 s lease and starts it. Then A stops dead: a stop-the-world garbage
+/// collection, a VM live-migrated or stalled by its host, a laptop lid closed, a process
+/// stopped with `SIGSTOP`, a page fault on a swapped-out heap. The pause outlasts the lease, so
+/// the store gives the key to worker B, which runs the job and writes its effect. Then A wakes
+/// up. From where A stands nothing happened between two instructions: it believes it still holds
+/// the key and writes its effect too, over B's or beside it.
+///
+/// A lease cannot stop that write. A could check its lease just before writing, and the pause
+/// can fall between the check and the write; renewals and clocks do not help either, because
+/// the paused process does not run at all. jobguard sees it only afterwards: A's
+/// [`complete`](crate::Store::complete) fails with [`Error::LeaseLost`](crate::Error::LeaseLost),
+/// but the write has been made.
+///
+/// What stops it is the one system that receives both writes: the downstream. It remembers the
+/// largest fence it has seen for the key and refuses a write that carries a smaller one. B's
+/// claim came after A's, so B's fence is larger; once B has written, A's late write carries the
+/// smaller fence and is refused (and if A's write comes first, B's still goes through). The check
+/// and the write must be one atomic step in the downstream: a conditional `UPDATE ... WHERE fence
+/// <= $1`, a Lua script in Redis, a compare-and-set.
+///
+#[cfg_attr(feature = "macros", doc = "```")]
+#[cfg_attr(not(feature = "macros"), doc = "```ignore")]
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+///
+/// /// A downstream that keeps, per order, the largest fence it has seen and refuses older ones.
+/// #[derive(Default)]
+/// struct Ledger {
+///     orders: Mutex<HashMap<String, (u64, u64)>>, // order -> (largest fence, amount charged)
+/// }
+///
+/// impl Ledger {
+///     fn charge(&self, order: &str, fence: u64, amount: u64) -> Result<(), jobguard::Error> {
+///         let mut orders = self.orders.lock().unwrap();
+///         let (seen, charged) = orders.entry(order.to_owned()).or_default();
+///         if fence < *seen {
+///             return Err(jobguard::Error::LeaseLost); // a newer claim has written: refuse
+///         }
+///         *seen = fence;
+///         *charged = amount;
+///         Ok(())
+///     }
+/// }
+///
+/// #[jobguard::idempotent(key = order)]
+/// async fn charge(ledger: &Ledger, order: &str) -> Result<(), jobguard::Error> {
+///     let fence = jobguard::fence().expect("the default store numbers its claims");
+///     ledger.charge(order, fence, 100)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let ledger = Ledger::default();
+/// charge(&ledger, "order-A").await.unwrap();
+/// // A worker that paused with generation 0 wakes up and writes: refused.
+/// assert!(ledger.charge("order-A", 0, 100).is_err());
+/// assert!(jobguard::fence().is_none()); // outside an idempotent call
+/// # }
+/// ```
+///
+/// The fence is read on the task that polls the body, at any depth (inside a `#[retry]` under
+/// the `#[idempotent]` too), but not on a task the body spawns: pass the value on.
+pub fn fence() -> Option<u64> {
+    match FENCE.get() {
+        NO_FENCE => None,
+        generation => Some(generation),
+    }
 }
 
 /// Polls `poll` with `running` as the attempt in the body, and keeps the start it learned.
@@ -257,5 +347,40 @@ impl<F: Future> Future for FirstAttempt<F> {
         let this = self.project();
         let future = this.future;
         poll_in(this.running, || future.poll(cx))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled as the body of the claim of generation `generation`: [`fence()`] gives it.
+    pub(crate) struct Fenced<F> {
+        generation: u64,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F> Fenced<F> {
+    pub(crate) fn new(generation: u64, future: F) -> Self {
+        Fenced { generation, future }
+    }
+}
+
+impl<F: Future> Future for Fenced<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        /// Puts the fence outside back, also when the body panics.
+        struct Restore(u64);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                FENCE.set(self.0);
+            }
+        }
+        let this = self.project();
+        let _restore = Restore(FENCE.replace(*this.generation));
+        this.future.poll(cx)
     }
 }

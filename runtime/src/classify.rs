@@ -101,7 +101,7 @@ impl Transient for tokio::time::error::Elapsed {
 impl Transient for crate::Error {
     /// `InProgress`, `Timeout` and `Store` are transient. `CircuitOpen` is not retried by the loop
     /// that saw it (the breaker decides when to try again), and `KeyReused`, `Budget`,
-    /// `LeaseLost` and `Corrupt` are permanent.
+    /// `LeaseLost`, `Corrupt` and `Poisoned` are permanent.
     fn verdict(&self) -> Verdict {
         use crate::Error::*;
         match self {
@@ -263,6 +263,11 @@ mod tests {
         assert_eq!(crate::Error::InProgress.verdict(), Verdict::Retry);
         assert_eq!(crate::Error::Timeout.verdict(), Verdict::Retry);
         assert_eq!(crate::Error::KeyReused.verdict(), Verdict::Fail);
+        assert_eq!(
+            crate::Error::Poisoned { crashes: 3 }.verdict(),
+            Verdict::Fail,
+            "a poison job is never retried"
+        );
         assert_eq!(
             crate::Error::CircuitOpen {
                 retry_in: Duration::from_secs(1)

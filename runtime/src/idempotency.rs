@@ -26,14 +26,28 @@
 //! [`Event::StoreFailed`]. Until the claim's lease lapses, a redelivery sees
 //! `InProgress`; after it, a redelivery runs the work again. Keep that window short with a short
 //! `lease`, and make the side effect itself idempotent where the dependency allows it (pass the
-//! key on to a gateway that accepts idempotency keys).
+//! key on to a gateway that accepts idempotency keys), or pass [`fence()`](crate::fence) to a
+//! downstream that refuses writes from an older claim.
+//!
+//! # Crashes and poison jobs
+//!
+//! A claim whose lease lapsed without a stored result or a release was held by a worker that
+//! died (or stalled past its lease). The next claim takes it over, and the store counts it. The
+//! claim that finds [`crashes`](Idempotent::crashes) of them counted (3 by default) is refused:
+//! the call fails with [`Error::Poisoned`] (permanent, so `#[retry]` does not retry it), the job
+//! is dead-lettered once with [`GiveUp::Crashed`] through the runtime's
+//! dead-letter sink, and every later delivery is refused with [`Error::Poisoned`] and no letter,
+//! until the key's TTL ends. A job that kills its worker (an abort, an out-of-memory kill, a
+//! segfault in a native library) thus runs at most `crashes` times, instead of taking down
+//! every worker its broker redelivers it to.
 
-use crate::attempt::FirstAttempt;
+use crate::attempt::{Fenced, FirstAttempt};
 use crate::bounds::{FromJobguard, Replayable};
 use crate::observe::{Event, log_error};
+use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
 use crate::store::record::{decode, encode_record};
-use crate::store::{Claim, Store, StoreKey};
+use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
 use std::borrow::Cow;
@@ -54,6 +68,7 @@ pub struct Idempotent<'a> {
     key: &'a str,
     ttl: Duration,
     lease: Duration,
+    crashes: u32,
     wait: Option<Duration>,
     fingerprint: Option<String>,
     store: Option<Arc<dyn Store>>,
@@ -76,6 +91,7 @@ impl<'a> Idempotent<'a> {
             key,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
+            crashes: DEFAULT_CRASHES,
             wait: None,
             fingerprint: None,
             store: None,
@@ -92,6 +108,15 @@ impl<'a> Idempotent<'a> {
     /// while the work runs.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The crash limit (default [`DEFAULT_CRASHES`], 3): after this many abandoned claims (each
+    /// lease lapsed without a result or a release), the job is refused with
+    /// [`Error::Poisoned`] and dead-lettered once. `0` never poisons. See the
+    /// [module docs](self#crashes-and-poison-jobs).
+    pub fn crashes(mut self, crashes: u32) -> Self {
+        self.crashes = crashes;
         self
     }
 
@@ -118,6 +143,9 @@ impl<'a> Idempotent<'a> {
     ///
     /// * Completed before: the stored `Ok` value, and `work` is not run.
     /// * Claimed elsewhere: [`Error::InProgress`] (or the other run's result, with [`wait`](Self::wait)).
+    /// * Abandoned [`crashes`](Self::crashes) times: [`Error::Poisoned`], and `work` is not run
+    ///   (the first caller to find it so dead-letters the job, with
+    ///   [`GiveUp::Crashed`]).
     /// * Store unreachable: [`Error::Store`], and `work` is not run (fail closed).
     /// * `work` fails, is cancelled or panics: the claim is released so a redelivery runs it again.
     /// * `work` succeeds: the value is stored for the TTL and returned.
@@ -149,18 +177,21 @@ impl<'a> Idempotent<'a> {
         };
         let observe = |event: Event<'_>| runtime.emit(&event);
         let token = new_token();
-        let fingerprint = self.fingerprint.as_deref();
+        let options = ClaimOptions::new(self.lease)
+            .fingerprint(self.fingerprint.as_deref())
+            .ttl(self.ttl)
+            .crashes(self.crashes);
 
         let deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
         let mut poll = Duration::from_millis(10);
-        loop {
+        let generation = loop {
             match store
-                .claim(key, &token, fingerprint, self.lease)
+                .claim_with(key, &token, options)
                 .await
                 .map_err(E::from)?
             {
-                Claim::Acquired => break,
-                Claim::Completed(bytes) => {
+                Claimed::Acquired { generation, .. } => break generation,
+                Claimed::Completed(bytes) => {
                     let value = decode::<T>(&bytes).map_err(E::from)?;
                     observe(Event::Replayed {
                         scope: self.name,
@@ -168,8 +199,14 @@ impl<'a> Idempotent<'a> {
                     });
                     return Ok(value);
                 }
-                Claim::KeyReused => return Err(E::from(Error::KeyReused)),
-                Claim::InProgress { retry_in } => {
+                Claimed::KeyReused => return Err(E::from(Error::KeyReused)),
+                Claimed::Poisoned { crashes, first } => {
+                    if first {
+                        self.dead_letter(&runtime, crashes).await;
+                    }
+                    return Err(E::from(Error::Poisoned { crashes }));
+                }
+                Claimed::InProgress { retry_in } => {
                     observe(Event::InProgress {
                         scope: self.name,
                         key: key.key,
@@ -188,7 +225,7 @@ impl<'a> Idempotent<'a> {
                     }
                 }
             }
-        }
+        };
         observe(Event::Claimed {
             scope: self.name,
             key: key.key,
@@ -202,6 +239,7 @@ impl<'a> Idempotent<'a> {
             key: key.key.to_owned(),
             token: token.clone(),
         };
+        let work = Fenced::new(generation, work);
         let result = self.heartbeat(&*store, key, &token, work, &observe).await;
         match result {
             Ok(value) => {
@@ -217,6 +255,35 @@ impl<'a> Idempotent<'a> {
                 });
                 Err(error)
             }
+        }
+    }
+
+    /// Dead-letters a job whose claims were abandoned `crashes` times, through the runtime's
+    /// sink; a sink's failure is logged, never returned.
+    async fn dead_letter(&self, runtime: &Runtime, crashes: u32) {
+        let now = std::time::SystemTime::now();
+        let error = Error::Poisoned { crashes };
+        log_error(format_args!(
+            "jobguard: job {} with key {} refused for good: its worker died {crashes} times \
+             running it; dead-lettered, it will not run again",
+            self.name, self.key
+        ));
+        let letter = DeadLetter::new(
+            self.name,
+            Some(self.key.to_owned()),
+            GiveUp::Crashed,
+            crashes,
+            error.to_string(),
+            now,
+            now,
+        )
+        .with_history(vec![error.to_string()]);
+        runtime.emit(&Event::DeadLetter(&letter));
+        if let Err(e) = runtime.inner.dead_letters.send(letter).await {
+            log_error(format_args!(
+                "jobguard: job {} gave up (crashed) but its dead letter was lost: {e}",
+                self.name
+            ));
         }
     }
 

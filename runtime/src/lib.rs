@@ -39,8 +39,8 @@
 //! - `apalis` (feature `apalis`): the job runner's layer. May import `attempt`.
 //! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
 //!   below except `idempotency` and `store`.
-//! - [`idempotency`]: claim, run, store, replay. May import `runtime`, `store`, `observe`,
-//!   `attempt`, `bounds`, `error`.
+//! - [`idempotency`]: claim, run, store, replay, and the dead letter of a poisoned job. May
+//!   import `runtime`, `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
 //! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),
 //!   `observe`, `record`.
 //! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
@@ -54,7 +54,7 @@
 //!   views. May import `record`, `classify`, `attempt`.
 //! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
 //!   import `classify`, `error`.
-//! - `attempt`: [`attempt()`] and [`Delivery`]. Imports nothing of the crate.
+//! - `attempt`: [`attempt()`], [`fence()`] and [`Delivery`]. Imports nothing of the crate.
 //! - [`policy`]: may import `jitter`.
 //! - `record`: [`GiveUp`], [`DeadLetter`], [`BreakerState`]: plain data. May import `error`.
 //! - [`classify`]: may import `error`.
@@ -82,7 +82,7 @@ mod retry;
 pub mod runtime;
 pub mod store;
 
-pub use attempt::{Attempt, Delivery, attempt};
+pub use attempt::{Attempt, Delivery, attempt, fence};
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use classify::{Transient, Verdict, http_verdict};
 #[cfg(feature = "redis")]
@@ -187,9 +187,17 @@ pub use jobguard_macros::retry;
 /// `key` is any expression over the parameters (`order_id`, `order.id`,
 /// `format!("{tenant}:{id}")`, `self.id`); its `Display` form is the stored key.
 ///
-/// Arguments: `key` (required), `scope`, `ttl`, `lease`, `fingerprint`, `store`,
+/// Arguments: `key` (required), `scope`, `ttl`, `lease`, `crashes`, `fingerprint`, `store`,
 /// `in_progress = fail | wait("10s")`, `transaction` (feature `postgres`), `crate`. Written
 /// with `#[retry]`, in either order, the key is checked once and the retry loop runs inside the claim.
+///
+/// `crashes = N` (default 3; `0` never poisons): a claim whose lease lapsed without a result or
+/// a release was held by a worker that died running the job; the next claim takes it over and
+/// counts it. The claim that finds `N` counted is refused with [`Error::Poisoned`]: the job is
+/// dead-lettered once with [`GiveUp::Crashed`] and never runs again (for its `ttl`), so a job
+/// that kills its worker cannot take the worker pool down in a loop. Inside the body,
+/// [`fence()`] gives the claim's generation, for a downstream that refuses writes from a worker
+/// whose lease lapsed.
 ///
 /// `transaction = tx` names a parameter of type `&mut sqlx::PgConnection` or
 /// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with

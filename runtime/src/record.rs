@@ -18,17 +18,24 @@ pub enum GiveUp {
     Budget,
     /// The circuit breaker in front of the dependency was open.
     CircuitOpen,
+    /// The job's worker died while running it as many times as its crash limit allows
+    /// (`#[idempotent(crashes = N)]`, 3 by default): each claim lapsed without a result or a
+    /// release. The job is refused from now on ([`Error::Poisoned`](crate::Error::Poisoned)).
+    /// The letter's `attempts` counts those crashed runs, and its two times are when the crash
+    /// limit was found (the crashed runs left no record of when they started).
+    Crashed,
 }
 
 impl GiveUp {
-    /// The reason as a short lowercase label (`exhausted`, `permanent`, `budget`, `circuit_open`),
-    /// as used in metrics and logs.
+    /// The reason as a short lowercase label (`exhausted`, `permanent`, `budget`, `circuit_open`,
+    /// `crashed`), as used in metrics and logs.
     pub const fn as_str(self) -> &'static str {
         match self {
             GiveUp::Exhausted => "exhausted",
             GiveUp::Permanent => "permanent",
             GiveUp::Budget => "budget",
             GiveUp::CircuitOpen => "circuit_open",
+            GiveUp::Crashed => "crashed",
         }
     }
 }

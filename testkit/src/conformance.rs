@@ -1,8 +1,10 @@
 //! One conformance suite for every idempotency [`Store`]: the semantics the `Store` trait
 //! promises (an exclusive claim, replay of a completed record, release, renew and completion
 //! only by the token that holds the claim, leases that lapse on time, fingerprints, isolated
-//! scopes and keys, claims racing for the same keys, `#[idempotent]` deliveries racing) checked
-//! the same way on `MemoryStore`, a single `redis-server` and a Redis Cluster.
+//! scopes and keys, claims racing for the same keys, `#[idempotent]` deliveries racing), and what
+//! `Store::claim_with` adds (generations that only grow, a release that keeps them, abandoned
+//! claims taken over and counted, a key poisoned at its crash limit and refused for its TTL),
+//! checked the same way on `MemoryStore`, a single `redis-server`, a Redis Cluster and `PgStore`.
 //!
 //! A store is reached through a [`Backend`], which can also say what the server keeps (the
 //! remaining lease or TTL, the keys written) when it can tell; those checks are skipped where
@@ -17,7 +19,7 @@
 //! guessed time.
 
 use jobguard::store::redis::{RedisConnection, RedisStore};
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::{Claim, ClaimOptions, Claimed, Error, Store, StoreKey};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::Arc;
@@ -36,8 +38,9 @@ pub trait Backend: Send + Sync {
     /// A handle on the store (a clone shares it).
     fn store(&self) -> Self::Store;
 
-    /// The time left on `key`'s lease or TTL in milliseconds as the server keeps it (`-2`
-    /// when the key is absent), or `None` when the backend cannot tell.
+    /// The time the server keeps `key` for, in milliseconds (`-2` when the key is absent), or
+    /// `None` when the backend cannot tell. A claim is kept for the longer of its lease and its
+    /// TTL (so that a lapsed one is found and counted), a completed record for its TTL.
     fn pttl(&self, key: StoreKey<'_>) -> impl Future<Output = Option<i64>> + Send;
 
     /// Every key the store wrote, as the server names them, or `None` when the backend cannot
@@ -106,6 +109,10 @@ macro_rules! store_conformance {
             a_clone_shares_the_store,
             two_hundred_keys_eight_concurrent_claimers_one_winner_each,
             eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once,
+            generations_grow_with_every_claim_and_a_release_keeps_them,
+            an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poisoned,
+            a_crash_limit_of_zero_never_poisons,
+            a_poisoned_key_is_refused_for_its_ttl,
         );
     };
     (@each $setup:expr; $($check:ident),* $(,)?) => {$(
@@ -141,6 +148,10 @@ pub async fn run_all<B: Backend>(backend: &B) {
         a_clone_shares_the_store,
         two_hundred_keys_eight_concurrent_claimers_one_winner_each,
         eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once,
+        generations_grow_with_every_claim_and_a_release_keeps_them,
+        an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poisoned,
+        a_crash_limit_of_zero_never_poisons,
+        a_poisoned_key_is_refused_for_its_ttl,
     );
 }
 
@@ -164,8 +175,10 @@ pub async fn a_claim_is_exclusive_and_a_completed_record_replays<B: Backend>(b: 
         retry_in > Duration::from_secs(58) && retry_in <= LONG,
         "{retry_in:?}"
     );
+    // A plain claim's key is kept for the default TTL (a day), past its lease: a claim whose
+    // lease lapses is there for the next claim to find and count.
     if let Some(pttl) = b.pttl(k).await {
-        assert!((1..=60_000).contains(&pttl));
+        assert!(pttl > 86_000_000 && pttl <= 86_400_000, "{pttl}");
     }
 
     store
@@ -215,7 +228,8 @@ pub async fn release_frees_the_key_only_for_its_holder<B: Backend>(b: &B) {
     ));
     store.release(k, "t1").await.unwrap();
     if let Some(pttl) = b.pttl(k).await {
-        assert_eq!(pttl, -2, "the key is gone");
+        // The key is free, and keeps its history (generation, crash count) for the claim's TTL.
+        assert!(pttl > 59_000, "{pttl}");
     }
     assert_eq!(store.claim(k, "t2", None, LONG).await, Ok(Claim::Acquired));
     // Releasing a key nobody holds is not an error.
@@ -226,9 +240,14 @@ pub async fn release_frees_the_key_only_for_its_holder<B: Backend>(b: &B) {
 pub async fn renew_extends_the_lease_only_for_its_holder<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("k");
-    assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
+    // A TTL no longer than the lease: the key is kept for the lease, and a renew extends that.
+    let options = ClaimOptions::new(SHORT).ttl(SHORT);
+    assert!(matches!(
+        store.claim_with(k, "t1", options).await,
+        Ok(Claimed::Acquired { .. })
+    ));
     if let Some(pttl) = b.pttl(k).await {
-        assert!(pttl <= 300);
+        assert!(pttl <= 300, "{pttl}");
     }
     store.renew(k, "t1", LONG).await.unwrap();
     if let Some(pttl) = b.pttl(k).await {
@@ -261,6 +280,28 @@ async fn claim_when_free<S: Store>(store: &S, k: StoreKey<'_>, within: Duration)
                 tokio::time::sleep(retry_in.min(Duration::from_millis(20))).await;
             }
             other => panic!("unexpected claim: {other:?}"),
+        }
+    }
+}
+
+/// Claims `k` with `options` until the claim is not [`Claimed::InProgress`] (another's lease
+/// runs); panics after `within`. Returns what the claim found.
+pub async fn claimed_when_free<S: Store>(
+    store: &S,
+    k: StoreKey<'_>,
+    token: &str,
+    options: ClaimOptions<'_>,
+    within: Duration,
+) -> Claimed {
+    let deadline = Instant::now() + within;
+    loop {
+        match store.claim_with(k, token, options).await {
+            Ok(Claimed::InProgress { retry_in }) => {
+                assert!(Instant::now() < deadline, "still held after {within:?}");
+                tokio::time::sleep(retry_in.min(Duration::from_millis(20))).await;
+            }
+            Ok(other) => return other,
+            Err(e) => panic!("unexpected claim: {e:?}"),
         }
     }
 }
@@ -687,6 +728,66 @@ pub async fn eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once<
     }
 }
 
+/// Records in the layout of version 1 (written by a build before claims were counted) are still
+/// read: a completed one replays, and a claim, which expires with its lease, is in progress while
+/// it lasts and free after. A build of version 1 reads the completed records this one writes.
+/// Redis only: it writes the values with raw commands.
+pub async fn records_of_the_first_layout_are_read(store: &RedisStore) {
+    let raw = async |cmd: &redis::Cmd| -> redis::Value {
+        cmd.query_async(&mut store.connection())
+            .await
+            .expect("raw command")
+    };
+    let done = key("v1-done");
+    raw(redis::cmd("SET")
+        .arg(RedisStore::redis_key(done))
+        .arg(&b"jg1/d4:fp-a{\"v\":1,\"ok\":7}"[..])
+        .arg("PX")
+        .arg(60_000))
+    .await;
+    assert_eq!(
+        store.claim(done, "t", Some("fp-a"), LONG).await,
+        Ok(Claim::Completed(br#"{"v":1,"ok":7}"#.to_vec()))
+    );
+    assert_eq!(
+        store.claim(done, "t", Some("fp-b"), LONG).await,
+        Ok(Claim::KeyReused)
+    );
+    let held = key("v1-claim");
+    raw(redis::cmd("SET")
+        .arg(RedisStore::redis_key(held))
+        .arg("jg1/c3:oldn")
+        .arg("PX")
+        .arg(SHORT.as_millis() as u64))
+    .await;
+    let Ok(Claim::InProgress { retry_in }) = store.claim(held, "t", None, LONG).await else {
+        panic!("a version 1 claim is live while it lasts");
+    };
+    assert!(retry_in <= SHORT, "{retry_in:?}");
+    // An old worker's claim cannot be completed by a token of this build's, nor the reverse.
+    assert_eq!(
+        store.complete(held, "old", b"x", DAY).await,
+        Err(Error::LeaseLost)
+    );
+    let options = ClaimOptions::new(LONG);
+    let got = claimed_when_free(store, held, "t", options, Duration::from_secs(5)).await;
+    assert_eq!(
+        got,
+        Claimed::Acquired {
+            generation: 1,
+            crashes: 0
+        },
+        "an expired version 1 claim leaves the key free, its crash uncounted"
+    );
+    // What this build writes for a completed job is the first layout, which old builds read.
+    store.complete(held, "t", b"{}", DAY).await.unwrap();
+    let value: Vec<u8> = match raw(redis::cmd("GET").arg(RedisStore::redis_key(held))).await {
+        redis::Value::BulkString(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(value, b"jg1/dn{}");
+}
+
 /// A Redis value that is not a record (another type, another version, a malformed field, a
 /// claim without an expiry) is `Error::Corrupt` for `claim`, "not held" for the token
 /// operations, and left in place. Redis only: it writes the values with raw commands.
@@ -709,7 +810,21 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
             "a list",
             redis::cmd("RPUSH").arg(rk("list")).arg("x").clone(),
         ),
-        ("a future version", set("v2", b"jg2/dn{}")),
+        ("a future version", set("v3", b"jg3/dn{}")),
+        ("a completed record in version 2", set("v2d", b"jg2/dn{}")),
+        (
+            "a version 2 claim without its numbers",
+            set("v2c", b"jg2/c3:tokn"),
+        ),
+        (
+            "a version 2 claim with a bad lease end",
+            set("v2e", b"jg2/c3:tokn1:0:soon"),
+        ),
+        (
+            "a released key without its crash count",
+            set("v2f", b"jg2/f1"),
+        ),
+        ("a poisoned key with extra bytes", set("v2p", b"jg2/p1:3!")),
         ("an unknown state", set("state", b"jg1/xn")),
         ("a claim without a token", set("no-token", b"jg1/cn")),
         (
@@ -724,8 +839,8 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
         ("a claim without an expiry", set("forever", b"jg1/c3:tokn")),
     ];
     let names = [
-        "garbage", "empty", "hash", "list", "v2", "state", "no-token", "short", "bad-fp",
-        "trailing", "forever",
+        "garbage", "empty", "hash", "list", "v3", "v2d", "v2c", "v2e", "v2f", "v2p", "state",
+        "no-token", "short", "bad-fp", "trailing", "forever",
     ];
     for ((what, mut cmd), name) in cases.into_iter().zip(names) {
         raw(&mut cmd).await;
@@ -751,8 +866,190 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
             "{what}: left in place for an operator to inspect"
         );
     }
-    let Err(Error::Corrupt(why)) = store.claim(key("v2"), "t", None, LONG).await else {
+    let Err(Error::Corrupt(why)) = store.claim(key("v3"), "t", None, LONG).await else {
         unreachable!()
     };
-    assert!(why.contains("version 2"), "{why}");
+    assert!(why.contains("version 3"), "{why}");
+}
+
+/// The short lease of the crash checks: an abandoned claim is found lapsed this soon.
+const CRASH_LEASE: Duration = Duration::from_millis(200);
+
+fn acquired(generation: u64, crashes: u32) -> Claimed {
+    Claimed::Acquired {
+        generation,
+        crashes,
+    }
+}
+
+/// Generations count a key's claims from 1 and only grow: a release frees the key and keeps its
+/// generation (and crash count), so the next claim is one more. A live claim is in progress, a
+/// completed record replays, and a plain `claim` of a released key acquires it.
+pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("gen");
+    let options = ClaimOptions::new(LONG).ttl(DAY);
+    assert_eq!(store.claim_with(k, "t1", options).await, Ok(acquired(1, 0)));
+    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(k, "t2", options).await else {
+        panic!("held");
+    };
+    assert!(retry_in > Duration::from_secs(58), "{retry_in:?}");
+    store.release(k, "t1").await.unwrap();
+    assert_eq!(store.claim_with(k, "t2", options).await, Ok(acquired(2, 0)));
+    // A renewed claim keeps its generation; a stale token's release leaves it alone.
+    store.renew(k, "t2", LONG).await.unwrap();
+    store.release(k, "t1").await.unwrap();
+    assert!(matches!(
+        store.claim_with(k, "t3", options).await,
+        Ok(Claimed::InProgress { .. })
+    ));
+    store.release(k, "t2").await.unwrap();
+    assert_eq!(store.claim(k, "t3", None, LONG).await, Ok(Claim::Acquired));
+    store.release(k, "t3").await.unwrap();
+    assert_eq!(store.claim_with(k, "t4", options).await, Ok(acquired(4, 0)));
+    store.complete(k, "t4", b"r", DAY).await.unwrap();
+    assert_eq!(
+        store.claim_with(k, "t5", options).await,
+        Ok(Claimed::Completed(b"r".to_vec()))
+    );
+    // A fingerprint is checked against a live claim, not against a released key's history.
+    let f = key("gen-fp");
+    let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
+    assert_eq!(
+        store.claim_with(f, "a", with("x")).await,
+        Ok(acquired(1, 0))
+    );
+    assert_eq!(
+        store.claim_with(f, "b", with("y")).await,
+        Ok(Claimed::KeyReused)
+    );
+    store.release(f, "a").await.unwrap();
+    assert_eq!(
+        store.claim_with(f, "b", with("y")).await,
+        Ok(acquired(2, 0))
+    );
+}
+
+/// A claim whose lease lapsed (its worker died) is taken over by the next claim and counted;
+/// the stale holder can no longer complete, renew or release. A release between crashes keeps
+/// the count. The claim that finds the crash limit reached poisons the key (`first`), every
+/// later one is refused (not `first`), and a plain `claim` fails with `Error::Poisoned`. The
+/// poisoned key is kept for the claim's TTL.
+pub async fn an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poisoned<B: Backend>(
+    b: &B,
+) {
+    let store = b.store();
+    let k = key("crashy");
+    let within = Duration::from_secs(5);
+    let options = ClaimOptions::new(CRASH_LEASE)
+        .crashes(3)
+        .ttl(Duration::from_secs(3600));
+    assert_eq!(store.claim_with(k, "w1", options).await, Ok(acquired(1, 0)));
+    // w1 dies: its lease lapses, and w2 takes over, counted.
+    let got = claimed_when_free(&store, k, "w2", options, within).await;
+    assert_eq!(got, acquired(2, 1));
+    for stale in ["w1"] {
+        assert_eq!(
+            store.complete(k, stale, b"late", DAY).await,
+            Err(Error::LeaseLost)
+        );
+        assert_eq!(store.renew(k, stale, LONG).await, Err(Error::LeaseLost));
+        store.release(k, stale).await.unwrap();
+    }
+    // w2 fails and releases: not a crash, and the count is kept.
+    store.release(k, "w2").await.unwrap();
+    assert_eq!(store.claim_with(k, "w3", options).await, Ok(acquired(3, 1)));
+    // w3 dies, w4 takes over; w4 dies.
+    let got = claimed_when_free(&store, k, "w4", options, within).await;
+    assert_eq!(got, acquired(4, 2));
+    // The third crash reaches the limit: the key is poisoned, reported once.
+    let got = claimed_when_free(&store, k, "w5", options, within).await;
+    assert_eq!(
+        got,
+        Claimed::Poisoned {
+            crashes: 3,
+            first: true
+        }
+    );
+    for token in ["w6", "w7"] {
+        assert_eq!(
+            store.claim_with(k, token, options).await,
+            Ok(Claimed::Poisoned {
+                crashes: 3,
+                first: false
+            })
+        );
+    }
+    assert_eq!(
+        store.claim(k, "w8", None, LONG).await,
+        Err(Error::Poisoned { crashes: 3 })
+    );
+    assert_eq!(
+        store.complete(k, "w4", b"late", DAY).await,
+        Err(Error::LeaseLost)
+    );
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl > 3_500_000 && pttl <= 3_600_000, "{pttl}");
+    }
+}
+
+/// With a crash limit of 0 every abandoned claim is taken over and counted, and the key is
+/// never poisoned; a live claim is never a crash.
+pub async fn a_crash_limit_of_zero_never_poisons<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("never-poisoned");
+    let options = ClaimOptions::new(CRASH_LEASE).crashes(0);
+    assert_eq!(store.claim_with(k, "t0", options).await, Ok(acquired(1, 0)));
+    for generation in 2..=4 {
+        assert!(matches!(
+            store.claim_with(k, "other", options).await,
+            Ok(Claimed::InProgress { .. })
+        ));
+        let token = format!("t{generation}");
+        let got = claimed_when_free(&store, k, &token, options, Duration::from_secs(5)).await;
+        assert_eq!(got, acquired(generation, generation as u32 - 1));
+    }
+}
+
+/// A poisoned key is refused for the TTL of the claim that poisoned it, and is free after,
+/// without its crashes.
+pub async fn a_poisoned_key_is_refused_for_its_ttl<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("poisoned-briefly");
+    let ttl = Duration::from_millis(600);
+    let options = ClaimOptions::new(CRASH_LEASE).crashes(1).ttl(ttl);
+    assert_eq!(store.claim_with(k, "a", options).await, Ok(acquired(1, 0)));
+    // The claim that poisons the key: the key is refused from some time after `before` on.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let before = loop {
+        let before = Instant::now();
+        match store.claim_with(k, "b", options).await {
+            Ok(Claimed::InProgress { retry_in }) => {
+                assert!(Instant::now() < deadline, "still held after 5 s");
+                tokio::time::sleep(retry_in.min(Duration::from_millis(20))).await;
+            }
+            Ok(Claimed::Poisoned {
+                crashes: 1,
+                first: true,
+            }) => break before,
+            other => panic!("{other:?}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let free_at = loop {
+        match store.claim_with(k, "c", options).await {
+            Ok(Claimed::Poisoned { first: false, .. }) => {
+                assert!(Instant::now() < deadline, "still poisoned after 5 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(Claimed::Acquired { crashes, .. }) => {
+                assert_eq!(crashes, 0, "the poisoned key's history went with it");
+                break Instant::now();
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    // Refused for the whole TTL (1 ms of rounding allowed).
+    let refused = free_at - before;
+    assert!(refused >= ttl - Duration::from_millis(1), "{refused:?}");
 }

@@ -11,6 +11,13 @@
 //! ends every job in flight, and one caught between its effect and its stored result would be in
 //! the window that `durable_window.rs` shows on purpose.
 //!
+//! The crash point `abort` is different: a worker that reaches it counts the run (`INCR
+//! runs:{id}`) and aborts its process (`std::process::abort`), every time, as a job with a bug
+//! that kills its worker would; the harness restarts a worker that exited when the test said it
+//! may ([`Workers::allow_exits`]).
+//!
+//! The workers' dead letters go to the Redis stream [`DEAD_LETTERS`] on the test's server.
+//!
 //! Each test binary runs itself as a worker process: its `worker` test does nothing unless
 //! [`WORKER_ENV`] holds a Redis URL, and then runs a worker until it is killed.
 
@@ -19,26 +26,33 @@
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use jobguard::apalis::{Delivery, GuardLayer};
-use jobguard::{MemoryDeadLetters, RedisStore, Runtime};
+use jobguard::{RedisDeadLetters, RedisStore, Runtime, Transient as _, Verdict};
 use jobguard_testkit::redis::rerun_test;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::process::{Child, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Set to a Redis URL, it makes the test binary's `worker` test run a worker.
 pub const WORKER_ENV: &str = "JOBGUARD_DURABLE_WORKER";
 /// Crash points: `point:id,id;point:id`, with `point` one of `before` (the claim is held, the
-/// effect not done), `effect` (the effect done, the result not stored) and `acked` (the result
-/// stored, the task not acknowledged to the broker).
+/// effect not done), `effect` (the effect done, the result not stored), `acked` (the result
+/// stored, the task not acknowledged to the broker), `abort` (the run counted, then the
+/// process aborts, at every delivery) and `stall` (the run counted, the effect not yet written:
+/// the harness stops the process with `SIGSTOP`, as a GC pause or a stalled VM would, until
+/// [`Workers::resume_stalled`]).
 pub const CRASH_ENV: &str = "JOBGUARD_TEST_CRASH";
 
 /// The apalis queue the tests use.
 const QUEUE: &str = "durable";
 /// The list where a worker that reached a crash point announces `pid point id`.
 const HOLDS: &str = "test:holds";
+/// The stream the workers' dead letters go to.
+pub const DEAD_LETTERS: &str = "test:dead_letters";
 
 /// One job: an id, and how its effect reaches the downstream.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -57,6 +71,10 @@ pub enum Downstream {
     /// The key goes with the write, and the downstream applies a key once: `INCR effect:{id}`
     /// only when `applied:{id}` was not set.
     Dedupe,
+    /// The claim's fence goes with the write, and the downstream keeps the largest it has seen
+    /// (`fence:{id}`) and refuses a write with a smaller one; each fence that arrives is pushed
+    /// on `fences:{id}`, each refusal counted in `refused:{id}`.
+    Fenced,
 }
 
 /// The apalis-redis settings of the tests: a worker whose heartbeat stops for 2 s is dead, and
@@ -90,6 +108,12 @@ pub struct Workers {
     children: Vec<Child>,
     /// The crash points at which a worker was killed, as `(point, id)`.
     pub kills: Vec<(String, u32)>,
+    /// Whether a worker may exit on its own (at an `abort` crash point): it is then restarted.
+    exits_allowed: bool,
+    /// Workers that exited on their own, and were restarted.
+    pub exits: usize,
+    /// Workers stopped (`SIGSTOP`) at a `stall` point, as `(pid, id)`.
+    pub stalled: Vec<(u32, u32)>,
 }
 
 impl Workers {
@@ -101,6 +125,9 @@ impl Workers {
             crash: crash.to_owned(),
             children: Vec::new(),
             kills: Vec::new(),
+            exits_allowed: false,
+            exits: 0,
+            stalled: Vec::new(),
         };
         for _ in 0..n {
             let child = workers.spawn();
@@ -118,6 +145,13 @@ impl Workers {
             .expect("start a worker process")
     }
 
+    /// Lets workers exit on their own (an `abort` crash point): each is restarted and counted in
+    /// [`exits`](Self::exits).
+    pub fn allow_exits(mut self) -> Self {
+        self.exits_allowed = true;
+        self
+    }
+
     /// Kills (SIGKILL) every worker that announced a crash point, and starts one in its place.
     /// Returns how many it killed.
     pub async fn kill_held(&mut self, redis: &mut ConnectionManager) -> usize {
@@ -131,6 +165,13 @@ impl Workers {
             let pid: u32 = parts.next().and_then(|p| p.parse().ok()).expect("pid");
             let point = parts.next().expect("point").to_owned();
             let id: u32 = parts.next().and_then(|p| p.parse().ok()).expect("id");
+            if point == "stall" {
+                // Paused, not killed: its heartbeats stop and its lease lapses, and it wakes up
+                // when the test says.
+                signal(pid, "-STOP");
+                self.stalled.push((pid, id));
+                continue;
+            }
             let index = self
                 .children
                 .iter()
@@ -143,12 +184,25 @@ impl Workers {
             self.kills.push((point, id));
             killed += 1;
         }
-        for child in &mut self.children {
-            if let Some(status) = child.try_wait().expect("poll a worker") {
-                panic!("a worker exited on its own: {status}");
+        for i in 0..self.children.len() {
+            if let Some(status) = self.children[i].try_wait().expect("poll a worker") {
+                assert!(self.exits_allowed, "a worker exited on its own: {status}");
+                self.children[i] = self.spawn();
+                self.exits += 1;
             }
         }
         killed
+    }
+
+    /// Wakes every stalled worker (`SIGCONT`) and lets its job go on from the `stall` point.
+    pub async fn resume_stalled(&mut self, redis: &mut ConnectionManager) {
+        for (pid, id) in self.stalled.drain(..) {
+            let _: () = redis
+                .set(format!("resume:{id}"), 1)
+                .await
+                .expect("SET resume");
+            signal(pid, "-CONT");
+        }
     }
 
     /// Kills held workers and restarts them until `done` tasks are acknowledged as done, or
@@ -186,6 +240,16 @@ impl Drop for Workers {
             let _ = child.wait();
         }
     }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid` with kill(1).
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid}: {status}");
 }
 
 /// A connection to the test's server.
@@ -260,26 +324,38 @@ async fn run_worker(url: &str) {
         .unwrap_or_else(|_| panic!("connection set once"));
     Runtime::builder()
         .store(RedisStore::connect(url).await.expect("RedisStore"))
-        .dead_letters(MemoryDeadLetters::new())
+        .dead_letters(
+            RedisDeadLetters::connect(url, DEAD_LETTERS)
+                .await
+                .expect("RedisDeadLetters"),
+        )
         .build()
         .install()
         .expect("the first runtime installed in this process");
     let storage = RedisStorage::<Job>::new(apalis_redis::connect(url).await.expect("connect"))
         .with_config(config());
-    WorkerBuilder::new(format!("worker-{}", std::process::id()))
+    let worker = WorkerBuilder::new(format!("worker-{}", std::process::id()))
         .backend(storage)
         .concurrency(1)
         .layer(GuardLayer::new())
         .build(handle)
         .run()
-        .await
-        .expect("the worker runs until it is killed");
+        .await;
+    // A worker woken from a stall may stop here (its heartbeat lapsed); its job's late write
+    // still goes out before the process ends.
+    tails_done().await;
+    worker.expect("the worker runs until it is killed");
 }
 
-/// The handler: the idempotent job, then the point between the stored result and the ack.
-async fn handle(job: Job) -> Result<u64, jobguard::Error> {
+/// The handler: the idempotent job, then the point between the stored result and the ack. A
+/// permanent error (a poisoned job) is an `AbortError`, which apalis does not deliver again.
+async fn handle(job: Job) -> Result<u64, BoxDynError> {
     let id = job.id;
-    let n = effect(job).await?;
+    let n = match effect(job).await {
+        Ok(n) => n,
+        Err(e) if e.verdict() == Verdict::Fail => return Err(Box::new(AbortError::new(e))),
+        Err(e) => return Err(Box::new(e)),
+    };
     crash_point("acked", id).await;
     Ok(n)
 }
@@ -298,28 +374,159 @@ async fn effect(job: Job) -> Result<u64, jobguard::Error> {
         .incr(format!("runs:{}", job.id), 1)
         .await
         .map_err(store)?;
-    let n: u64 = match job.downstream {
-        Downstream::Plain => redis.incr(format!("effect:{}", job.id), 1).await,
-        Downstream::Dedupe => {
-            redis::Script::new(
-                "if redis.call('SET', KEYS[1], '1', 'NX') then \
-                     return redis.call('INCR', KEYS[2]) \
-                 end \
-                 return tonumber(redis.call('GET', KEYS[2]))",
-            )
-            .key(format!("applied:{}", job.id))
-            .key(format!("effect:{}", job.id))
-            .invoke_async(&mut redis)
-            .await
-        }
-    }
-    .map_err(store)?;
+    abort_point(job.id);
+    // The stall and the write run in a task of their own, which the worker process waits for
+    // before it exits: a worker woken from a stall may find its apalis worker gone (its
+    // heartbeat lapsed) and its handler's future dropped, and the late write must still happen.
+    let fence = jobguard::fence();
+    TAILS.fetch_add(1, Ordering::SeqCst);
+    let n = tokio::spawn(async move {
+        let written = stall_then_write(job, fence).await;
+        TAILS.fetch_sub(1, Ordering::SeqCst);
+        TAIL_DONE.notify_waiters();
+        written
+    })
+    .await
+    .expect("the write's task")?;
     crash_point("effect", job.id).await;
     Ok(n)
 }
 
+/// The job's tail: the `stall` point, then the write to the downstream, counted in
+/// `written:{id}`.
+async fn stall_then_write(job: Job, fence: Option<u64>) -> Result<u64, jobguard::Error> {
+    let mut redis = redis();
+    stall_point(job.id).await;
+    let n: u64 = match job.downstream {
+        Downstream::Plain => redis
+            .incr(format!("effect:{}", job.id), 1)
+            .await
+            .map_err(store)?,
+        Downstream::Dedupe => redis::Script::new(
+            "if redis.call('SET', KEYS[1], '1', 'NX') then \
+                 return redis.call('INCR', KEYS[2]) \
+             end \
+             return tonumber(redis.call('GET', KEYS[2]))",
+        )
+        .key(format!("applied:{}", job.id))
+        .key(format!("effect:{}", job.id))
+        .invoke_async(&mut redis)
+        .await
+        .map_err(store)?,
+        Downstream::Fenced => {
+            let fence = fence.expect("RedisStore numbers its claims");
+            let applied: i64 = redis::Script::new(
+                "redis.call('RPUSH', KEYS[3], ARGV[1]) \
+                 local seen = tonumber(redis.call('GET', KEYS[1]) or '0') \
+                 if tonumber(ARGV[1]) < seen then \
+                     redis.call('INCR', KEYS[4]) \
+                     return -1 \
+                 end \
+                 redis.call('SET', KEYS[1], ARGV[1]) \
+                 return redis.call('INCR', KEYS[2])",
+            )
+            .key(format!("fence:{}", job.id))
+            .key(format!("effect:{}", job.id))
+            .key(format!("fences:{}", job.id))
+            .key(format!("refused:{}", job.id))
+            .arg(fence)
+            .invoke_async(&mut redis)
+            .await
+            .map_err(store)?;
+            // Refused: a newer claim has written, so this worker's lease lapsed; it stops here.
+            u64::try_from(applied).map_err(|_| jobguard::Error::LeaseLost)?
+        }
+    };
+    let _: () = redis
+        .incr(format!("written:{}", job.id), 1)
+        .await
+        .map_err(store)?;
+    Ok(n)
+}
+
+/// Job tails ([`stall_then_write`]) running in this process.
+static TAILS: AtomicUsize = AtomicUsize::new(0);
+/// Woken when a tail ends.
+static TAIL_DONE: Notify = Notify::const_new();
+
+/// Waits until no job tail runs in this process.
+async fn tails_done() {
+    loop {
+        let done = TAIL_DONE.notified();
+        if TAILS.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        done.await;
+    }
+}
+
 fn store(e: redis::RedisError) -> jobguard::Error {
     jobguard::Error::Store(e.to_string())
+}
+
+/// At a `stall` crash point named for this job, the first worker to reach it announces itself,
+/// is stopped by the harness, and goes on once `resume:{id}` is set.
+async fn stall_point(id: u32) {
+    let crashes = CRASHES.get().expect("crash points");
+    if !crashes.iter().any(|(p, i)| p == "stall" && *i == id) {
+        return;
+    }
+    let mut redis = redis();
+    let first: bool = redis::cmd("SET")
+        .arg(format!("held:stall:{id}"))
+        .arg(std::process::id())
+        .arg("NX")
+        .query_async::<Option<String>>(&mut redis)
+        .await
+        .expect("SET NX")
+        .is_some();
+    if !first {
+        return;
+    }
+    let _: () = redis
+        .rpush(HOLDS, format!("{} stall {id}", std::process::id()))
+        .await
+        .expect("announce the stall");
+    // Polls for the test's word; the process is stopped in between, so most of the waiting is
+    // not even this loop's.
+    while redis
+        .get::<_, Option<u32>>(format!("resume:{id}"))
+        .await
+        .expect("GET resume")
+        .is_none()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many of job `id`'s writes the fenced downstream refused.
+pub async fn refused(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("refused:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// How many of job `id`'s runs got past the downstream write (applied or, for a plain one,
+/// landed).
+pub async fn written(redis: &mut ConnectionManager, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("written:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// The fences of job `id`'s writes, in the order the fenced downstream received them.
+pub async fn fences(redis: &mut ConnectionManager, id: u32) -> Vec<u64> {
+    redis
+        .lrange(format!("fences:{id}"), 0, -1)
+        .await
+        .expect("LRANGE")
+}
+
+/// At an `abort` crash point named for this job, the process aborts: no unwinding, no release,
+/// no reply to the broker.
+fn abort_point(id: u32) {
+    let crashes = CRASHES.get().expect("crash points");
+    if crashes.iter().any(|(p, i)| p == "abort" && *i == id) {
+        std::process::abort();
+    }
 }
 
 /// At a crash point named for this job, the first worker to reach it announces itself and

@@ -145,8 +145,8 @@ pub enum Claimed {
     },
 }
 
-/// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore) and
-/// [`RedisStore`](redis::RedisStore) (feature `redis`).
+/// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore),
+/// [`RedisStore`](redis::RedisStore) (feature `redis`) and `PgStore` (feature `postgres`).
 ///
 /// Implementations must make [`claim`](Store::claim) atomic (two concurrent claims of one free
 /// key: exactly one is `Acquired`), and [`complete`](Store::complete), [`release`](Store::release)

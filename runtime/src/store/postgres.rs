@@ -26,17 +26,29 @@
 //!
 //! [`PgStore::MIGRATION`] creates `jobguard_keys`, one row per `(scope, key)`:
 //!
-//! | column | while claimed | once completed |
-//! |---|---|---|
-//! | `scope`, `key` | the key, see below | the same |
-//! | `token` | the claim's token | `NULL` |
-//! | `fingerprint` | the claim's fingerprint, or `NULL` | kept |
-//! | `result` | `NULL` | the stored result's bytes, opaque to the store |
-//! | `expires_at` | the end of the lease | the end of the TTL |
+//! | column | while claimed | once completed | released | poisoned |
+//! |---|---|---|---|---|
+//! | `scope`, `key` | the key, see below | the same | the same | the same |
+//! | `token` | the claim's token | `NULL` | `NULL` | `NULL` |
+//! | `fingerprint` | the claim's fingerprint, or `NULL` | kept | kept | kept |
+//! | `result` | `NULL` | the stored result's bytes, opaque to the store | `NULL` | `NULL` |
+//! | `expires_at` | when the row may go: the TTL (or the lease, if longer) from the claim | the end of the TTL | the claim's | the end of the TTL |
+//! | `lease_ends_at` | the end of the lease | `NULL` | `NULL` | `NULL` |
+//! | `generation` | the claim's number among the key's claims, from 1 | kept | kept | kept |
+//! | `crashes` | abandoned claims counted | kept | kept | kept |
+//! | `poisoned` | `false` | `false` | `false` | `true` |
 //!
-//! A `CHECK` keeps exactly one of `token` and `result` set, so no row is half of each. The
-//! primary key `(scope, key)` makes a claim one index lookup, and a partial index on
-//! `expires_at` of the completed rows makes [`PgStore::purge_expired`] one range scan.
+//! A claim's row outlives its lease (until `expires_at`), so that a claim whose lease lapsed is
+//! found, taken over and counted by the next claim ([`Claimed`]); a released row keeps the key's
+//! generation and crash count. A `CHECK` keeps `token` and `result` from being set together, so
+//! no row is half claim and half result. The primary key `(scope, key)` makes a claim one index
+//! lookup, and a partial index on `expires_at` of the rows without a claim makes
+//! [`PgStore::purge_expired`] one range scan.
+//!
+//! The columns `lease_ends_at`, `generation`, `crashes` and `poisoned` and the `CHECK` in its
+//! present form came with crash counting; [`PgStore::migrate`] adds them to a table made before
+//! (`ADD COLUMN IF NOT EXISTS`). A claim row written before has no `lease_ends_at`: its lease
+//! ends at its `expires_at`, as it did then.
 //!
 //! Postgres `text` cannot hold a NUL byte, and a B-tree entry is limited to about 2.7 kB, so
 //! [`PgStore::row_key`] writes:
@@ -54,24 +66,29 @@
 //!
 //! Every operation is one statement on the pool, run on the database's clock.
 //!
-//! * [`claim`](Store::claim): one `INSERT ... ON CONFLICT DO UPDATE ... WHERE expires_at <= now()`
-//!   that takes a free or expired key, and in the same statement reads the row it found otherwise:
-//!   a completed one gives its record, a live claim gives
-//!   [`InProgress`](Claim::InProgress) with the lease's remaining time. A fingerprint mismatches
-//!   only when both the stored one and the given one are present and differ, and it is checked
-//!   first: a reused key is [`KeyReused`](Claim::KeyReused) whether it is claimed or completed.
-//!   When a concurrent claim commits between the statement's snapshot and its insert, the
-//!   statement finds nothing to report and runs again.
+//! * [`claim_with`](Store::claim_with): one `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...` that
+//!   takes an absent, released or expired key (generation one more than the row's), or a claim
+//!   whose lease lapsed (one more generation and one more crash, unless that crash reaches the
+//!   crash limit: then the row is poisoned for the TTL), and in the same statement reads the row
+//!   it found otherwise: a completed one gives its record, a live claim gives
+//!   [`InProgress`](Claimed::InProgress) with the lease's remaining time, a poisoned one
+//!   [`Poisoned`](Claimed::Poisoned). A fingerprint mismatches only when both the stored one and
+//!   the given one are present and differ, and it is checked first on a completed row or a live
+//!   claim: a reused key is [`KeyReused`](Claimed::KeyReused). When a concurrent claim commits
+//!   between the statement's snapshot and its insert, the statement finds nothing to report and
+//!   runs again. [`claim`](Store::claim) is `claim_with` with no crash limit and the default
+//!   TTL.
 //! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
-//!   while `token` holds an unexpired claim (compare-and-set on the token). Otherwise `complete`
-//!   and `renew` fail with [`Error::LeaseLost`] and `release` does nothing.
+//!   while `token` holds a claim whose lease has not ended (compare-and-set on the token).
+//!   Otherwise `complete` and `renew` fail with [`Error::LeaseLost`] and `release` does nothing.
+//!   A release keeps the row, without its token, until the claim's `expires_at`.
 //! * Expired rows are not deleted by the operations: a claim takes an expired row over. Call
-//!   [`PgStore::purge_expired`] to delete completed rows past their TTL.
+//!   [`PgStore::purge_expired`] to delete rows past their TTL that hold no claim.
 //! * A database that cannot be reached gives [`Error::Store`] within the pool's acquire timeout
 //!   (2 s with [`PgStore::connect`]), and the job does not run: fail closed. The pool opens new
 //!   connections when the server is back.
 
-use super::{Claim, Store, StoreFuture, StoreKey};
+use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
 use sha2::{Digest, Sha256};
@@ -99,7 +116,9 @@ pub struct PgStore {
 
 impl PgStore {
     /// The SQL that creates the table and its index, for a migration tool of your own. It is
-    /// idempotent (`IF NOT EXISTS`); [`migrate`](Self::migrate) runs it.
+    /// idempotent (`IF NOT EXISTS`), and brings a table made by an earlier version up to date
+    /// (the crash-counting columns, the `CHECK` that allows a row with neither a claim nor a
+    /// result); [`migrate`](Self::migrate) runs it.
     pub const MIGRATION: &'static str = r#"
 CREATE TABLE IF NOT EXISTS jobguard_keys (
     scope       text        NOT NULL,
@@ -108,9 +127,24 @@ CREATE TABLE IF NOT EXISTS jobguard_keys (
     fingerprint text,
     result      bytea,
     expires_at  timestamptz NOT NULL,
-    PRIMARY KEY (scope, key),
-    CONSTRAINT jobguard_keys_claimed_or_completed CHECK ((token IS NULL) <> (result IS NULL))
+    PRIMARY KEY (scope, key)
 );
+ALTER TABLE jobguard_keys
+    ADD COLUMN IF NOT EXISTS lease_ends_at timestamptz,
+    ADD COLUMN IF NOT EXISTS generation    bigint  NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS crashes       integer NOT NULL DEFAULT 0,
+    ADD COLUMN IF NOT EXISTS poisoned      boolean NOT NULL DEFAULT false;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                   WHERE conname = 'jobguard_keys_claim_or_result'
+                     AND conrelid = 'jobguard_keys'::regclass) THEN
+        ALTER TABLE jobguard_keys DROP CONSTRAINT IF EXISTS jobguard_keys_claimed_or_completed;
+        ALTER TABLE jobguard_keys ADD CONSTRAINT jobguard_keys_claim_or_result
+            CHECK (token IS NULL OR result IS NULL);
+    END IF;
+END
+$$;
 CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     ON jobguard_keys (expires_at) WHERE token IS NULL;
 "#;
@@ -156,9 +190,12 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
         tx.commit().await.map_err(fail)
     }
 
-    /// Deletes completed rows whose TTL has passed, [`PURGE_BATCH`] rows per statement (each its
+    /// Deletes the rows without a claim (completed, released, poisoned) whose TTL has passed, [`PURGE_BATCH`] rows per statement (each its
     /// own short transaction, skipping rows another session has locked), until none is left.
     /// Returns how many it deleted.
+    ///
+    /// A claim's row whose worker died and whose key is never claimed again stays, as it did
+    /// before crash counting, until a claim of its key takes it over.
     ///
     /// Nothing calls it for you: an expired row is only dead weight (a claim takes it over), so
     /// call it from a periodic task of your own, about as often as keys expire in bulk, such as
@@ -265,45 +302,69 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
         }
     }
 
-    async fn claim_now(
+    async fn claim_counted(
         &self,
         key: StoreKey<'_>,
         token: &str,
-        fingerprint: Option<&str>,
-        lease: Duration,
-    ) -> Result<Claim, Error> {
+        options: ClaimOptions<'_>,
+    ) -> Result<Claimed, Error> {
         let (scope, stored) = Self::row_key(key);
+        let limit = i32::try_from(options.crashes).unwrap_or(i32::MAX);
         // A row read from a snapshot older than a concurrent claim's commit can be missing or
         // stale; the statement then runs again with a new snapshot.
         for _ in 0..8 {
-            let row = sqlx::query(CLAIM)
+            let row = sqlx::query(CLAIM.as_str())
                 .bind(&*scope)
                 .bind(&*stored)
                 .bind(token)
-                .bind(fingerprint)
-                .bind(micros(lease))
+                .bind(options.fingerprint)
+                .bind(micros(options.lease))
+                .bind(micros(options.ttl))
+                .bind(limit)
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| store_error("claim failed", &e))?;
             let Some(row) = row else { continue };
-            let state: i32 = row.try_get(0).map_err(|e| store_error("claim", &e))?;
-            let wait: Option<i64> = row.try_get(1).map_err(|e| store_error("claim", &e))?;
+            let get = |i| row.try_get::<Option<i64>, _>(i);
+            let fail = |e| store_error("claim", &e);
+            let state: i32 = row.try_get(0).map_err(fail)?;
+            let wait = get(1).map_err(fail)?;
+            let generation = get(3).map_err(fail)?.unwrap_or(0);
+            let crashes = get(4).map_err(fail)?.unwrap_or(0);
+            let crashes = u32::try_from(crashes).unwrap_or(u32::MAX);
             match (state, wait) {
-                (0, _) => return Ok(Claim::Acquired),
-                (3, Some(w)) if w > 0 => return Ok(Claim::KeyReused),
+                (0, _) => {
+                    return Ok(Claimed::Acquired {
+                        generation: u64::try_from(generation).unwrap_or(0),
+                        crashes,
+                    });
+                }
+                (4, _) => {
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        first: true,
+                    });
+                }
+                (3, Some(w)) if w > 0 => return Ok(Claimed::KeyReused),
                 (1, Some(w)) if w > 0 => {
-                    let result: Option<Vec<u8>> =
-                        row.try_get(2).map_err(|e| store_error("claim", &e))?;
-                    return result.map(Claim::Completed).ok_or_else(|| {
+                    let result: Option<Vec<u8>> = row.try_get(2).map_err(fail)?;
+                    return result.map(Claimed::Completed).ok_or_else(|| {
                         Error::Corrupt("a completed idempotency row without a result".into())
                     });
                 }
                 (2, Some(w)) if w > 0 => {
-                    return Ok(Claim::InProgress {
+                    return Ok(Claimed::InProgress {
                         retry_in: Duration::from_micros(w as u64),
                     });
                 }
-                // Expired in the snapshot, but not taken over: a concurrent renewal or claim.
+                (5, Some(w)) if w > 0 => {
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        first: false,
+                    });
+                }
+                // Free, lapsed or expired in the snapshot, but not taken over: a concurrent
+                // renewal or claim.
                 _ => continue,
             }
         }
@@ -350,43 +411,86 @@ fn store_error(what: &str, e: &sqlx::Error) -> Error {
     Error::Store(format!("{what}: {e}"))
 }
 
-// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs. One row: the state (0 acquired,
-// 1 completed, 2 claimed, 3 reused), the µs left on the row, and the result when completed. No
-// row when the conflicting row is not in the statement's snapshot.
-const CLAIM: &str = r#"
+// The crash count of a row that a claim takes over: none left when the row expired, one more
+// when it held a claim (whose lease lapsed: abandoned), the same when it was released.
+const CRASHES_AFTER: &str = "(CASE WHEN k.expires_at <= now() THEN 0 \
+     WHEN k.token IS NOT NULL THEN k.crashes + 1 ELSE k.crashes END)";
+
+// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs, $6 TTL in µs, $7 crash limit (0:
+// none). One row: the state (0 acquired, 1 completed, 2 claimed, 3 reused, 4 poisoned by this
+// claim, 5 poisoned before, 6 free or lapsed but not taken: run again), the µs left on the
+// lease (claimed) or the row (otherwise), the result when completed, the generation and the
+// crash count. No row when the conflicting row is not in the statement's snapshot.
+static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let poison = format!("($7::integer > 0 AND {CRASHES_AFTER} >= $7::integer)");
+    format!(
+        r#"
 WITH taken AS (
-    INSERT INTO jobguard_keys AS k (scope, key, token, fingerprint, result, expires_at)
-    VALUES ($1, $2, $3, $4, NULL, now() + $5::bigint * interval '1 microsecond')
+    INSERT INTO jobguard_keys AS k (scope, key, token, fingerprint, result, expires_at,
+                                    lease_ends_at, generation, crashes, poisoned)
+    VALUES ($1, $2, $3, $4, NULL,
+            now() + greatest($5::bigint, $6::bigint) * interval '1 microsecond',
+            now() + $5::bigint * interval '1 microsecond', 1, 0, false)
     ON CONFLICT (scope, key) DO UPDATE
-        SET token = excluded.token, fingerprint = excluded.fingerprint,
-            result = NULL, expires_at = excluded.expires_at
+        SET token = CASE WHEN {poison} THEN NULL ELSE excluded.token END,
+            fingerprint = CASE WHEN {poison} THEN k.fingerprint ELSE excluded.fingerprint END,
+            result = NULL,
+            expires_at = CASE WHEN {poison} THEN now() + $6::bigint * interval '1 microsecond'
+                              ELSE excluded.expires_at END,
+            lease_ends_at = CASE WHEN {poison} THEN NULL ELSE excluded.lease_ends_at END,
+            generation = CASE WHEN {poison} THEN k.generation ELSE k.generation + 1 END,
+            crashes = {CRASHES_AFTER},
+            poisoned = {poison}
         WHERE k.expires_at <= now()
-    RETURNING 1
+           OR (k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now())
+           OR (k.token IS NULL AND k.result IS NULL AND NOT k.poisoned)
+    RETURNING k.poisoned, k.generation, k.crashes
 )
-SELECT 0, NULL::bigint, NULL::bytea FROM taken
+SELECT CASE WHEN poisoned THEN 4 ELSE 0 END, NULL::bigint, NULL::bytea, generation,
+       crashes::bigint
+FROM taken
 UNION ALL
-SELECT CASE WHEN k.fingerprint IS NOT NULL AND $4::text IS NOT NULL AND k.fingerprint <> $4::text
-            THEN 3 WHEN k.token IS NULL THEN 1 ELSE 2 END,
-       floor(extract(epoch FROM k.expires_at - now()) * 1000000)::bigint,
-       k.result
+SELECT CASE WHEN k.expires_at <= now() THEN 6
+            WHEN k.poisoned THEN 5
+            WHEN k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now() THEN 6
+            WHEN k.token IS NULL AND k.result IS NULL THEN 6
+            WHEN k.fingerprint IS NOT NULL AND $4::text IS NOT NULL AND k.fingerprint <> $4::text
+                THEN 3
+            WHEN k.token IS NULL THEN 1
+            ELSE 2 END,
+       floor(extract(epoch FROM coalesce(k.lease_ends_at, k.expires_at) - now()) * 1000000)::bigint,
+       k.result, k.generation, k.crashes::bigint
 FROM jobguard_keys k
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)
-"#;
+"#
+    )
+});
 
 // $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs.
 const COMPLETE: &str = r#"
 UPDATE jobguard_keys
-SET token = NULL, result = $4, expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+SET token = NULL, result = $4, lease_ends_at = NULL,
+    expires_at = now() + $5::bigint * interval '1 microsecond'
+WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
 "#;
 
-// $1 scope, $2 key, $3 token.
+// $1 scope, $2 key, $3 token. The in-transaction form's release, inside its own transaction: the
+// row it inserted goes.
 const RELEASE: &str = "DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 AND token = $3";
 
-// $1 scope, $2 key, $3 token, $4 lease in µs.
+// $1 scope, $2 key, $3 token. The Store's release: the row stays, with its generation and crash
+// count, until the claim's `expires_at`.
+const RELEASE_CLAIM: &str = r#"
+UPDATE jobguard_keys SET token = NULL, lease_ends_at = NULL
+WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
+"#;
+
+// $1 scope, $2 key, $3 token, $4 lease in µs. The row lives at least as long as the lease.
 const RENEW: &str = r#"
-UPDATE jobguard_keys SET expires_at = now() + $4::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND token = $3 AND expires_at > now()
+UPDATE jobguard_keys
+SET lease_ends_at = now() + $4::bigint * interval '1 microsecond',
+    expires_at = greatest(expires_at, now() + $4::bigint * interval '1 microsecond')
+WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
 "#;
 
 // $1 batch size.
@@ -410,7 +514,17 @@ impl Store for PgStore {
         fingerprint: Option<&'a str>,
         lease: Duration,
     ) -> StoreFuture<'a, Claim> {
-        Box::pin(self.claim_now(key, token, fingerprint, lease))
+        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
+        Box::pin(async move { self.claim_counted(key, token, options).await?.into_claim() })
+    }
+
+    fn claim_with<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
+        Box::pin(self.claim_counted(key, token, options))
     }
 
     fn complete<'a>(
@@ -436,7 +550,7 @@ impl Store for PgStore {
 
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            self.if_held(RELEASE, key, token, |q| q, "release failed")
+            self.if_held(RELEASE_CLAIM, key, token, |q| q, "release failed")
                 .await
                 .map(drop)
         })

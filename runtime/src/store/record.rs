@@ -6,7 +6,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The format version of stored records.
+/// The format version of stored records: the JSON a job's result is kept as (`{"v":1,"ok":...}`),
+/// the same in every store. The stores' own layouts around it carry their own versions (Redis:
+/// `jg1/` for completed records, `jg2/` for counted claims; Postgres: its columns), which crash
+/// counting changed without changing this one.
 pub const RECORD_VERSION: u32 = 1;
 
 /// Default time a completed result is kept: 24 hours.

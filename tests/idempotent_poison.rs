@@ -1,0 +1,309 @@
+//! Poison jobs and the fence, in one process on the in-memory store under a paused clock: a job
+//! whose claims were abandoned `crashes` times is refused with `Error::Poisoned`, dead-lettered
+//! once with `GiveUp::Crashed` (with its event and metrics label), never run again, and not
+//! retried by `#[retry]`; `jobguard::fence()` gives the body its claim's generation at any depth.
+//!
+//! A worker that dies is played by a claim made directly on the store and never completed or
+//! released: its lease lapses, which is all a dead worker leaves behind.
+
+use jobguard::Observer as _;
+use jobguard::{
+    ClaimOptions, Claimed, Error, Event, GiveUp, MemoryDeadLetters, MemoryStore, Runtime, Store,
+    StoreKey,
+};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const LEASE: Duration = Duration::from_secs(5);
+
+fn key(order: &str) -> StoreKey<'_> {
+    StoreKey {
+        scope: "tests.poison.charge",
+        key: order,
+    }
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.charge", lease = "5s", crashes = 2)]
+async fn charge(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(100)
+}
+
+/// A worker that claims `order` and dies: its claim is never completed nor released.
+async fn dies_holding(store: &MemoryStore, order: &str, worker: &str) -> Claimed {
+    let options = ClaimOptions::new(LEASE).crashes(2);
+    let claimed = store.claim_with(key(order), worker, options).await.unwrap();
+    tokio::time::advance(LEASE).await;
+    claimed
+}
+
+/// Collects the dead-letter events.
+#[derive(Default)]
+struct Seen(Mutex<Vec<(String, GiveUp)>>);
+
+impl jobguard::Observer for Seen {
+    fn on_event(&self, event: &Event<'_>) {
+        if let Event::DeadLetter(letter) = event {
+            self.0
+                .lock()
+                .unwrap()
+                .push((letter.job.clone(), letter.reason));
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_abandoned_at_its_crash_limit_is_dead_lettered_once_and_never_runs_again() {
+    let store = MemoryStore::new();
+    let letters = MemoryDeadLetters::new();
+    let seen = Arc::new(Seen::default());
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .observer({
+            let seen = seen.clone();
+            move |event: &Event<'_>| seen.on_event(event)
+        })
+        .build();
+    let runs = AtomicU32::new(0);
+    runtime
+        .scope(async {
+            assert!(matches!(
+                dies_holding(&store, "order-P", "worker-1").await,
+                Claimed::Acquired { generation: 1, .. }
+            ));
+            assert!(matches!(
+                dies_holding(&store, "order-P", "worker-2").await,
+                Claimed::Acquired {
+                    generation: 2,
+                    crashes: 1
+                }
+            ));
+            // The third worker finds the second crash: the limit of 2. Refused, dead-lettered.
+            assert_eq!(
+                charge("order-P", &runs).await,
+                Err(Error::Poisoned { crashes: 2 })
+            );
+            for _ in 0..3 {
+                assert_eq!(
+                    charge("order-P", &runs).await,
+                    Err(Error::Poisoned { crashes: 2 })
+                );
+            }
+        })
+        .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the body never ran");
+    let letters = letters.letters();
+    assert_eq!(letters.len(), 1, "one job, one letter: {letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter.reason, GiveUp::Crashed);
+    assert_eq!(letter.reason.as_str(), "crashed");
+    assert_eq!(letter.job, "tests.poison.charge");
+    assert_eq!(letter.key.as_deref(), Some("order-P"));
+    assert_eq!(letter.attempts, 2, "the crashed runs");
+    assert_eq!(letter.error, Error::Poisoned { crashes: 2 }.to_string());
+    assert_eq!(
+        *seen.0.lock().unwrap(),
+        vec![("tests.poison.charge".to_owned(), GiveUp::Crashed)],
+        "the event carries the reason the metrics and tracing views label"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_below_the_limit_is_taken_over_and_the_job_runs() {
+    let store = MemoryStore::new();
+    let runtime = Runtime::builder().store(store.clone()).build();
+    let runs = AtomicU32::new(0);
+    runtime
+        .scope(async {
+            dies_holding(&store, "order-Q", "worker-1").await;
+            assert_eq!(charge("order-Q", &runs).await, Ok(100));
+            assert_eq!(charge("order-Q", &runs).await, Ok(100), "replayed");
+        })
+        .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.never", lease = "5s", crashes = 0)]
+async fn never_poisoned(order: &str) -> Result<Option<u64>, Error> {
+    Ok(jobguard::fence())
+}
+
+#[tokio::test(start_paused = true)]
+async fn crashes_zero_never_poisons() {
+    let store = MemoryStore::new();
+    let runtime = Runtime::builder().store(store.clone()).build();
+    let k = StoreKey {
+        scope: "tests.poison.never",
+        key: "order-N",
+    };
+    let options = ClaimOptions::new(LEASE).crashes(0);
+    for _ in 0..10 {
+        store.claim_with(k, "dies", options).await.unwrap();
+        tokio::time::advance(LEASE).await;
+    }
+    let fence = runtime.scope(never_poisoned("order-N")).await;
+    assert_eq!(fence, Ok(Some(11)), "the eleventh claim of the key");
+}
+
+#[jobguard::retry(attempts = 5, base = "1ms", cap = "1ms", jitter = none, on = all)]
+#[jobguard::idempotent(key = order, scope = "tests.poison.retried", lease = "5s", crashes = 1)]
+async fn retried(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(1)
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter() {
+    let store = MemoryStore::new();
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .build();
+    let k = StoreKey {
+        scope: "tests.poison.retried",
+        key: "order-R",
+    };
+    store
+        .claim_with(k, "dies", ClaimOptions::new(LEASE))
+        .await
+        .unwrap();
+    tokio::time::advance(LEASE).await;
+    let runs = AtomicU32::new(0);
+    let got = runtime.scope(retried("order-R", &runs)).await;
+    assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The claim is checked before the retry loop, which runs inside it: one letter, `crashed`.
+    let reasons: Vec<GiveUp> = letters.letters().iter().map(|l| l.reason).collect();
+    assert_eq!(reasons, vec![GiveUp::Crashed]);
+}
+
+/// What the body saw: the fence at the top, inside a `#[retry]` inside, in a nested function.
+#[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Fences {
+    top: Option<u64>,
+    retried: Vec<Option<u64>>,
+    attempt: Option<u64>,
+}
+
+async fn deep() -> Option<u64> {
+    tokio::task::yield_now().await;
+    jobguard::fence()
+}
+
+#[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", jitter = none, on = all)]
+async fn inner(seen: &Mutex<Vec<Option<u64>>>) -> Result<(), Error> {
+    let fence = deep().await;
+    seen.lock().unwrap().push(fence);
+    if seen.lock().unwrap().len() == 1 {
+        return Err(Error::Timeout);
+    }
+    Ok(())
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.fence", lease = "5s")]
+async fn fenced(order: &str) -> Result<Fences, Error> {
+    let top = jobguard::fence();
+    let seen = Mutex::new(Vec::new());
+    inner(&seen).await?;
+    let attempt = jobguard::attempt().and_then(|a| a.fence);
+    Ok(Fences {
+        top,
+        retried: seen.into_inner().unwrap(),
+        attempt,
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fence_is_the_claims_generation_at_any_depth_and_none_outside() {
+    let store = MemoryStore::new();
+    let runtime = Runtime::builder().store(store.clone()).build();
+    let k = StoreKey {
+        scope: "tests.poison.fence",
+        key: "order-F",
+    };
+    // Two claims before: one released (a failed run), one abandoned (a crash).
+    store
+        .claim_with(k, "failed", ClaimOptions::new(LEASE))
+        .await
+        .unwrap();
+    store.release(k, "failed").await.unwrap();
+    store
+        .claim_with(k, "died", ClaimOptions::new(LEASE))
+        .await
+        .unwrap();
+    tokio::time::advance(LEASE).await;
+    assert_eq!(jobguard::fence(), None);
+    let got = runtime.scope(fenced("order-F")).await.unwrap();
+    assert_eq!(
+        got,
+        Fences {
+            top: Some(3),
+            retried: vec![Some(3), Some(3)],
+            attempt: Some(3),
+        }
+    );
+    assert_eq!(jobguard::fence(), None, "restored after the call");
+}
+
+/// A store that implements only `claim`: it numbers no claims and counts no crashes.
+#[derive(Clone, Default)]
+struct Plain(MemoryStore);
+
+impl Store for Plain {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fingerprint: Option<&'a str>,
+        lease: Duration,
+    ) -> jobguard::store::StoreFuture<'a, jobguard::Claim> {
+        self.0.claim(key, token, fingerprint, lease)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.complete(key, token, record, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> jobguard::store::StoreFuture<'a, ()> {
+        self.0.renew(key, token, lease)
+    }
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.plain", lease = "5s")]
+async fn on_a_plain_store(order: &str) -> Result<Option<u64>, Error> {
+    Ok(jobguard::fence())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_numbers_no_claims_gives_no_fence_and_counts_no_crash() {
+    let store = Plain::default();
+    let runtime = Runtime::builder().store(store.clone()).build();
+    let k = StoreKey {
+        scope: "tests.poison.plain",
+        key: "order-X",
+    };
+    for _ in 0..5 {
+        store.claim(k, "dies", None, LEASE).await.unwrap();
+        tokio::time::advance(LEASE).await;
+    }
+    assert_eq!(runtime.scope(on_a_plain_store("order-X")).await, Ok(None));
+}
