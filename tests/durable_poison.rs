@@ -41,7 +41,8 @@ async fn a_job_that_aborts_its_worker_is_dead_lettered_after_three_crashes_and_n
     durable::push(&url, &jobs, 1).await;
 
     // Every task reaches its end at the broker: the others done, the poison one dead (the
-    // worker hands its permanent error back as apalis's `AbortError`, which is not retried).
+    // poisoned job's refusal settles it: `GuardLayer` marks the task `Killed`, which apalis does not
+    // deliver again).
     let mut redis = connect(&url).await;
     let config = durable::config();
     let deadline = Instant::now() + Duration::from_secs(40);

@@ -87,8 +87,10 @@ impl Delivery {
     }
 
     /// [`Delivery::scope`], also telling whether a guarded call inside `fut` wrote a dead letter
-    /// during this delivery: a runner integration then knows the job is settled and must not be
-    /// delivered again, whatever `fut` returned (one job, one dead letter).
+    /// during this delivery, or found its job dead-lettered before (a poisoned job, refused with
+    /// [`Error::Poisoned`](crate::Error::Poisoned)): a runner integration then knows the job is
+    /// settled and must not be delivered again, whatever `fut` returned (one job, one dead
+    /// letter).
     ///
     /// An exhausted `#[retry]` on a delivery that is not the [`last`](Delivery::last) writes no
     /// letter; it hands its error back for the runner to deliver the job again.

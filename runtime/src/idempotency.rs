@@ -204,6 +204,9 @@ impl<'a> Idempotent<'a> {
                     if first {
                         self.dead_letter(&runtime, crashes).await;
                     }
+                    // Settled either way (its one letter written now or before): a runner
+                    // integration must not deliver it again.
+                    crate::attempt::Delivery::dead_lettered();
                     return Err(E::from(Error::Poisoned { crashes }));
                 }
                 Claimed::InProgress { retry_in } => {

@@ -348,14 +348,11 @@ async fn run_worker(url: &str) {
 }
 
 /// The handler: the idempotent job, then the point between the stored result and the ack. A
-/// permanent error (a poisoned job) is an `AbortError`, which apalis does not deliver again.
+/// poisoned job's refusal is handed back as it is: `GuardLayer` settles the task (`Killed`), so
+/// apalis does not deliver it again.
 async fn handle(job: Job) -> Result<u64, BoxDynError> {
     let id = job.id;
-    let n = match effect(job).await {
-        Ok(n) => n,
-        Err(e) if e.verdict() == Verdict::Fail => return Err(Box::new(AbortError::new(e))),
-        Err(e) => return Err(Box::new(e)),
-    };
+    let n = effect(job).await?;
     crash_point("acked", id).await;
     Ok(n)
 }
