@@ -39,6 +39,41 @@ impl From<jobguard::Error> for JobError {
     }
 }
 
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl jobguard::Transient for JobError {
+    fn verdict(&self) -> jobguard::Verdict {
+        match self {
+            JobError::Db(e) => e.verdict(),
+            JobError::Guard(e) => e.verdict(),
+        }
+    }
+}
+
+/// The attribute on a connection: called with one outside a transaction, jobguard begins the
+/// transaction with the claim and commits it.
+#[jobguard::idempotent(key = order, transaction = conn, scope = "tests.begin")]
+async fn attributed(conn: &mut PgConnection, order: &str) -> Result<i64, JobError> {
+    effect(conn, order, "attribute").await
+}
+
+static FLAKY: AtomicU32 = AtomicU32::new(0);
+
+/// The same with `#[retry]`: the first attempt's effect is rolled back to its savepoint.
+#[jobguard::idempotent(key = order, transaction = conn, scope = "tests.begin")]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "2ms")]
+async fn attributed_flaky(conn: &mut PgConnection, order: &str) -> Result<i64, JobError> {
+    let id = effect(conn, order, "flaky").await?;
+    if FLAKY.fetch_add(1, Ordering::Relaxed) == 0 {
+        return Err(JobError::Guard(jobguard::Error::Store("flaky".into())));
+    }
+    Ok(id)
+}
+
 async fn pool(url: &str, size: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(size)
@@ -118,7 +153,11 @@ async fn a_run_commits_and_replays_and_a_failing_body_leaves_nothing() {
     let first = run("k1").await.unwrap();
     let again = run("k1").await.unwrap();
     assert_eq!(first, again, "replayed");
-    assert_eq!(ran.load(Ordering::Relaxed), 1, "the replay did not run the body");
+    assert_eq!(
+        ran.load(Ordering::Relaxed),
+        1,
+        "the replay did not run the body"
+    );
     assert_eq!(effects(&pool, "k1").await, 1);
     // Committed by jobguard: the record is the Store form's too.
     let k1 = StoreKey {
@@ -143,7 +182,10 @@ async fn a_run_commits_and_replays_and_a_failing_body_leaves_nothing() {
         failed,
         Err(JobError::Guard(jobguard::Error::Timeout))
     ));
-    assert_eq!((effects(&pool, "k2").await, key_row(&pool, "k2").await), (0, false));
+    assert_eq!(
+        (effects(&pool, "k2").await, key_row(&pool, "k2").await),
+        (0, false)
+    );
     assert!(deliver(&pool, "k2", "c").await.is_ok());
     assert_eq!(effects(&pool, "k2").await, 1);
 
@@ -170,6 +212,39 @@ async fn a_run_commits_and_replays_and_a_failing_body_leaves_nothing() {
         .await
         .unwrap();
     assert_eq!(ok, 3);
+}
+
+#[tokio::test]
+async fn the_attribute_on_a_connection_outside_a_transaction_commits_its_own() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let (_store, pool) = setup(&server).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let first = attributed(&mut conn, "attr").await.unwrap();
+    assert!(!conn.is_in_transaction());
+    assert_eq!(attributed(&mut conn, "attr").await.unwrap(), first);
+    assert_eq!(effects(&pool, "attr").await, 1);
+    // Inside the caller's transaction, the same function joins it; a rollback takes it back.
+    let mut tx = conn.begin().await.unwrap();
+    attributed(&mut tx, "attr-tx").await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        (
+            effects(&pool, "attr-tx").await,
+            key_row(&pool, "attr-tx").await
+        ),
+        (0, false)
+    );
+
+    let flaky = attributed_flaky(&mut conn, "flaky").await.unwrap();
+    assert_eq!(FLAKY.load(Ordering::Relaxed), 2);
+    assert_eq!(attributed_flaky(&mut conn, "flaky").await.unwrap(), flaky);
+    assert_eq!(
+        effects(&pool, "flaky").await,
+        1,
+        "the failed attempt's row rolled back"
+    );
 }
 
 #[tokio::test]
@@ -452,6 +527,9 @@ async fn round_trips_beside_the_same_transaction_without_jobguard() {
                     .await
                     .unwrap();
             }
+            "attribute" => {
+                attributed(conn, &key).await.unwrap();
+            }
             "in_transaction" => {
                 let mut tx = conn.begin().await.unwrap();
                 PgStore::in_transaction(&mut tx, SCOPE, &key)
@@ -465,7 +543,7 @@ async fn round_trips_beside_the_same_transaction_without_jobguard() {
         proxy.count() - before
     };
     let mut trips = HashMap::new();
-    for form in ["bare", "begin", "in_transaction"] {
+    for form in ["bare", "begin", "attribute", "in_transaction"] {
         counted(form, &mut conn, next_key()).await;
         trips.insert(form, counted(form, &mut conn, next_key()).await);
     }
@@ -484,6 +562,11 @@ async fn round_trips_beside_the_same_transaction_without_jobguard() {
         trips["begin"],
         trips["bare"] + 1,
         "BEGIN with the claim, the effect, the result, COMMIT"
+    );
+    assert_eq!(
+        trips["attribute"],
+        trips["bare"] + 1,
+        "#[idempotent(transaction = conn)] on a connection outside a transaction"
     );
     assert_eq!(
         trips["in_transaction"],

@@ -208,7 +208,10 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     /// commits it.
     ///
     /// `conn` is a `&mut sqlx::Transaction<'_, Postgres>` or a `&mut PgConnection` inside a
-    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). The body gets the
+    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). A `&mut PgConnection`
+    /// outside any transaction gets a transaction of its own, which jobguard begins with the
+    /// claim and commits, as [`PgStore::begin`] does: one round trip beyond the body's
+    /// statements instead of two (see [`InTransaction::run`]). The body gets the
     /// connection back as a `&mut PgConnection` (write `&mut *tx` for its statements), whichever
     /// of the two was given: a closure over `&mut Transaction<'t, _>` would tie the future to the
     /// transaction's lifetime in a way the compiler cannot prove `Send`, so such a future could
@@ -575,8 +578,19 @@ impl InTransaction<'_> {
     /// The caller commits. Until then nothing is visible to other transactions, and a crash
     /// loses the effect and the key together.
     ///
-    /// `conn` must be inside a transaction begun through sqlx; otherwise the call fails with
-    /// [`Error::Store`] before running anything, since each statement would commit on its own.
+    /// `conn` is inside a transaction begun through sqlx (`pool.begin()`, `conn.begin()`). A
+    /// connection outside any transaction gets one of its own, as with [`PgStore::begin`]: the
+    /// claim goes with its `BEGIN`, and jobguard commits it after the result.
+    ///
+    /// # Round trips
+    ///
+    /// In the caller's transaction the call sends two statements of its own beside the body's:
+    /// the claim before the body (it is what makes a concurrent duplicate wait instead of
+    /// running, and what keeps a completed key from running again) and the result's write after
+    /// it (the result exists only then). sqlx sends no statement before the previous one's
+    /// answer, and the caller sends the `BEGIN` and the `COMMIT`, so neither can travel with
+    /// one of those: two round trips. [`PgStore::begin`], where jobguard sends the `BEGIN`,
+    /// costs one.
     ///
     /// # Retries
     ///
@@ -623,6 +637,9 @@ impl InTransaction<'_> {
         T: crate::bounds::Replayable,
         E: crate::bounds::FromJobguard,
     {
+        if !self.conn.is_in_transaction() {
+            return Begin(self).run(work).await;
+        }
         let InTransaction {
             conn,
             scope,
@@ -630,13 +647,6 @@ impl InTransaction<'_> {
             ttl,
             fingerprint,
         } = self;
-        if !conn.is_in_transaction() {
-            return Err(E::from(Error::Store(
-                "PgStore::in_transaction needs a connection inside a transaction \
-                 (pass the transaction from pool.begin())"
-                    .into(),
-            )));
-        }
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
@@ -651,9 +661,16 @@ impl InTransaction<'_> {
         }
         match work(&mut *conn).await {
             Ok(value) => {
-                store_result(&mut *conn, store_key, (&scope, &stored), &token, &value, ttl)
-                    .await
-                    .map_err(E::from)?;
+                store_result(
+                    &mut *conn,
+                    store_key,
+                    (&scope, &stored),
+                    &token,
+                    &value,
+                    ttl,
+                )
+                .await
+                .map_err(E::from)?;
                 Ok(value)
             }
             Err(error) => {
@@ -857,7 +874,6 @@ fn begin_claim_sql(
     sql
 }
 
-
 /// Writes `value` as the result of the key row that `token` claimed in this transaction: the
 /// one statement after the body, on both transactional paths.
 async fn store_result<T: crate::bounds::Replayable>(
@@ -930,9 +946,11 @@ async fn read_in(
         Found::Reused
     } else if completed {
         let result: Option<Vec<u8>> = row.try_get(3).map_err(fail)?;
-        Found::Completed(result.ok_or_else(|| {
-            Error::Corrupt("a completed idempotency row without a result".into())
-        })?)
+        Found::Completed(
+            result.ok_or_else(|| {
+                Error::Corrupt("a completed idempotency row without a result".into())
+            })?,
+        )
     } else {
         Found::Claimed
     }))
