@@ -218,10 +218,34 @@ pub use jobguard_macros::retry;
 #[doc(inline)]
 pub use jobguard_macros::idempotent;
 
+/// The statements of `#[idempotent(transaction = ..)]`'s expansion, passed through: the
+/// `postgres` feature is on. Not public API; expansions call it as `__private::transaction!`.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __jobguard_transaction {
+    ($($statements:tt)*) => { $($statements)* };
+}
+
+/// The statements of `#[idempotent(transaction = ..)]`'s expansion, replaced by one error in
+/// words: the `postgres` feature is off, so there is no `PgStore` to expand to. Not public API.
+#[cfg(not(feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __jobguard_transaction {
+    ($($statements:tt)*) => {
+        ::core::compile_error!(
+            "`transaction = ...` needs jobguard's `postgres` feature: \
+             jobguard = { version = \"...\", features = [\"postgres\"] }"
+        )
+    };
+}
+
 /// What expanded attributes call. Not public API: it changes without notice. Nothing in this
 /// crate calls it; every item lives in its own module.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::__jobguard_transaction as transaction;
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
