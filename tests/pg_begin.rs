@@ -574,3 +574,66 @@ async fn round_trips_beside_the_same_transaction_without_jobguard() {
         "BEGIN, the claim, the effect, the result, COMMIT"
     );
 }
+
+const ROLE_ENV: &str = "JOBGUARD_PG_BEGIN_ROLE";
+const URL_ENV: &str = "JOBGUARD_PG_BEGIN_URL";
+const MARK: &str = "@@";
+
+#[test]
+fn a_worker_killed_between_its_effect_and_the_commit_leaves_nothing_and_the_redelivery_runs_once()
+{
+    use std::io::BufRead;
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(async { setup(&server).await.1 });
+    let mut child = jobguard_testkit::redis::rerun_test("killed_worker")
+        .env(ROLE_ENV, "victim")
+        .env(URL_ENV, server.url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the worker");
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let said = lines
+        .map(|l| l.expect("child stdout"))
+        .any(|l| l.trim().ends_with(&format!("{MARK}inserted")));
+    assert!(said, "the worker exited before inserting its effect");
+    child.kill().expect("SIGKILL the worker");
+    child.wait().unwrap();
+    rt.block_on(async {
+        assert_eq!(effects(&pool, "victim").await, 0, "no effect row");
+        assert!(!key_row(&pool, "victim").await, "no key row");
+        // The redelivery waits for the dead transaction to be rolled back, then runs.
+        let id = deliver(&pool, "victim", "redelivery").await.unwrap();
+        assert_eq!(deliver(&pool, "victim", "again").await.unwrap(), id);
+        assert_eq!(effects(&pool, "victim").await, 1, "ran once");
+    });
+}
+
+/// The child role of the kill test: inserts its effect inside the transaction `PgStore::begin`
+/// began, says so, and waits forever before the result and the commit.
+#[test]
+#[ignore = "a child process of a_worker_killed_between_its_effect_and_the_commit_leaves_nothing_and_the_redelivery_runs_once"]
+fn killed_worker() {
+    use std::io::Write;
+    if std::env::var(ROLE_ENV).as_deref() != Ok("victim") {
+        return;
+    }
+    let url = std::env::var(URL_ENV).expect("the parent passes the URL");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        let _: i64 = PgStore::begin(&mut conn, SCOPE, "victim")
+            .run(async |tx| {
+                effect(tx, "victim", "victim").await?;
+                println!("{MARK}inserted");
+                std::io::stdout().flush().unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, JobError>(0)
+            })
+            .await
+            .unwrap();
+        unreachable!("killed before the commit");
+    });
+}

@@ -195,7 +195,12 @@ pub use jobguard_macros::retry;
 /// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with
 /// [`PgStore::in_transaction`](crate::store::postgres::PgStore::in_transaction), the body's writes
 /// and the result go in it, and the caller commits. Inside the body `tx` is the transaction's
-/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint.
+/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint. Called with a
+/// `&mut PgConnection` outside any transaction (a pool connection), the function gets a
+/// transaction of its own, begun with the claim in the same round trip and committed after the
+/// result ([`PgStore::begin`](crate::store::postgres::PgStore::begin)): one round trip beyond
+/// the body's statements, where joining the caller's transaction costs two. Without the
+/// `postgres` feature, `transaction` is a compile error that says so.
 ///
 /// The default `scope` is the function's module path and name: moving or renaming the function
 /// changes it, and with it every stored key. Jobs whose keys must outlive a refactor pin

@@ -10,6 +10,10 @@
 //!   writes and the stored result share one transaction, which the caller commits. A crash before
 //!   the commit leaves neither the effect nor the key: there is no window. This is the form to use
 //!   when the side effect is a write to the same database.
+//! * **In a transaction jobguard begins**, with [`PgStore::begin`]: the same, with the claim sent
+//!   in the `BEGIN`'s round trip and the commit made by jobguard after the result. One round trip
+//!   beyond the transaction the job would send without jobguard, where joining the caller's
+//!   transaction costs two (see [`InTransaction::run`](InTransaction::run#round-trips)).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), jobguard::Error> {
