@@ -580,8 +580,7 @@ const URL_ENV: &str = "JOBGUARD_PG_BEGIN_URL";
 const MARK: &str = "@@";
 
 #[test]
-fn a_worker_killed_between_its_effect_and_the_commit_leaves_nothing_and_the_redelivery_runs_once()
-{
+fn a_worker_killed_between_its_effect_and_the_commit_leaves_nothing_and_the_redelivery_runs_once() {
     use std::io::BufRead;
     let Some(server) = PgServer::start() else {
         return;
