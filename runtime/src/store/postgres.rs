@@ -13,7 +13,7 @@
 //! * **In a transaction jobguard begins**, with [`PgStore::begin`]: the same, with the claim sent
 //!   in the `BEGIN`'s round trip and the commit made by jobguard after the result. One round trip
 //!   beyond the transaction the job would send without jobguard, where joining the caller's
-//!   transaction costs two (see [`InTransaction::run`](InTransaction::run#round-trips)).
+//!   transaction costs two (see "Round trips" in [`InTransaction::run`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), jobguard::Error> {
