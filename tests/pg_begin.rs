@@ -320,6 +320,60 @@ async fn store_claims_fingerprints_and_a_connection_inside_a_transaction() {
     );
 }
 
+#[tokio::test]
+async fn quotes_backslashes_long_keys_and_nul_bytes_are_claimed_as_the_store_form_writes_them() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let (store, pool) = setup(&server).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let long = "k".repeat(10_000);
+    let scopes = ["it's \\ \"quoted\"", "with%percent", "nul\0scope"];
+    let keys = [
+        "'); DROP TABLE effects; --",
+        "back\\slash\\'",
+        long.as_str(),
+        "nul\0key",
+        "#hash",
+        "café ☕",
+    ];
+    for scope in scopes {
+        for key in keys {
+            let stored = PgStore::begin(&mut conn, scope, key)
+                .run(async |_| Ok::<_, JobError>(key.len()))
+                .await
+                .unwrap();
+            assert_eq!(stored, key.len());
+            // The Store form finds the row under the same (scope, key).
+            let claim = store
+                .claim(StoreKey { scope, key }, "t", None, Duration::from_secs(5))
+                .await;
+            assert_eq!(
+                claim,
+                Ok(Claim::Completed(
+                    format!("{{\"v\":1,\"ok\":{}}}", key.len()).into_bytes()
+                )),
+                "{scope:?} {key:?}"
+            );
+        }
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM jobguard_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, (scopes.len() * keys.len()) as i64);
+    // A fingerprint with a NUL byte cannot be text: refused, and nothing runs or stays.
+    let refused: Result<(), JobError> = PgStore::begin(&mut conn, SCOPE, "fp-nul")
+        .fingerprint("a\0b".into())
+        .run(async |_| panic!("the body ran"))
+        .await;
+    assert!(
+        matches!(&refused, Err(JobError::Guard(jobguard::Error::Store(_)))),
+        "{refused:?}"
+    );
+    assert!(!key_row(&pool, "fp-nul").await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_duplicate_waits_then_replays_or_runs_if_the_first_rolled_back() {
     let Some(server) = PgServer::start() else {

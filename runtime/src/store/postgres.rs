@@ -1112,6 +1112,23 @@ mod tests {
     }
 
     #[test]
+    fn the_begin_claim_holds_values_as_hex_only() {
+        let sql = begin_claim_sql(
+            "s'cope",
+            "k\\'); DROP TABLE x; --",
+            "t",
+            Some("f"),
+            Duration::from_secs(1),
+        );
+        let values = sql.split_once("VALUES (").unwrap().1;
+        assert!(!values.contains("DROP") && !values.contains("s'"), "{sql}");
+        assert!(sql.starts_with("BEGIN; INSERT INTO jobguard_keys"));
+        assert!(values.contains("convert_from(decode('7327636f7065', 'hex'), 'UTF8')"));
+        assert!(values.ends_with("NULL, now() + 1000000 * interval '1 microsecond')"));
+        assert!(begin_claim_sql("s", "k", "t", None, Duration::ZERO).contains(", NULL, NULL, "));
+    }
+
+    #[test]
     fn micros_is_clamped() {
         assert_eq!(micros(Duration::ZERO), 1);
         assert_eq!(micros(Duration::from_millis(300)), 300_000);
