@@ -1,8 +1,10 @@
-//! `PgStore::begin`, the key claimed in the `BEGIN`'s round trip of a transaction of its own,
-//! against a private `postgres`: a run, its replay, a failing body and a body's own unique
-//! violation, the `Store` form's claims, a concurrent duplicate waiting on the key's row, 200 keys
-//! raced by 8 deliveries each, and the round trips each transactional form sends, counted by a
-//! proxy between the client and the server.
+//! `PgStore::begin`, the key claimed in the `BEGIN`'s round trip of a transaction jobguard
+//! begins and commits, against a private `postgres`: a run, its replay, a failing body and a
+//! body's own unique violation, the `Store` form's claims, the attribute on a connection outside
+//! a transaction (with `#[retry]`), hostile scopes and keys, a concurrent duplicate waiting on the
+//! key's row, 200 keys raced by 8 deliveries each, a worker killed before its commit, and the
+//! round trips each transactional form sends, counted by a proxy between the client and the
+//! server.
 
 use jobguard_testkit::postgres;
 
