@@ -5,8 +5,9 @@
 //!   concurrent tasks, beside the bare pair a hand-written idempotency check costs: an
 //!   `INSERT ... ON CONFLICT DO NOTHING` and an `UPDATE` of the same row, on the same table;
 //! * a job in the caller's transaction (`PgStore::in_transaction`: begin, the key, one effect
-//!   row, the result, commit) beside the same transaction without jobguard (begin, the effect
-//!   row, commit).
+//!   row, the result, commit) and a job in a transaction jobguard begins (`PgStore::begin`:
+//!   begin with the key in the same message, one effect row, the result, commit), each beside
+//!   the same transaction without jobguard (begin, the effect row, commit).
 //!
 //! ```text
 //! cargo bench --bench postgres
@@ -99,6 +100,19 @@ async fn in_transaction_job(pool: PgPool) {
     tx.commit().await.unwrap();
 }
 
+async fn begin_job(pool: PgPool) {
+    let key = next_key();
+    let mut conn = pool.acquire().await.unwrap();
+    let _: i64 = PgStore::begin(&mut conn, "bench.begin", &key)
+        .run(async |tx| {
+            effect(tx, &key)
+                .await
+                .map_err(|e| jobguard::Error::Store(e.to_string()))
+        })
+        .await
+        .unwrap();
+}
+
 async fn plain_transaction_job(pool: PgPool) {
     let key = next_key();
     let mut tx = pool.begin().await.unwrap();
@@ -162,6 +176,7 @@ fn main() {
         for tasks in [1usize, 16] {
             let jobs = if tasks == 1 { 2_000 } else { 10_000 } / scale;
             let (mut guarded, mut bare, mut in_tx, mut plain) = (vec![], vec![], vec![], vec![]);
+            let mut begun = vec![];
             for _ in 0..ROUNDS {
                 let s = store.clone();
                 guarded.push(round(tasks, jobs, move || store_job(s.clone())).await);
@@ -170,11 +185,14 @@ fn main() {
                 let p = pool.clone();
                 in_tx.push(round(tasks, jobs, move || in_transaction_job(p.clone())).await);
                 let p = pool.clone();
+                begun.push(round(tasks, jobs, move || begin_job(p.clone())).await);
+                let p = pool.clone();
                 plain.push(round(tasks, jobs, move || plain_transaction_job(p.clone())).await);
             }
             let rate = |d: Duration| jobs as f64 / d.as_secs_f64();
             let (g, b) = (rate(median(guarded)), rate(median(bare)));
             let (t, p) = (rate(median(in_tx)), rate(median(plain)));
+            let o = rate(median(begun));
             table.push(format!(
                 "| `PgStore` claim + complete | {tasks} | {g:.0} | bare INSERT ON CONFLICT + UPDATE: {b:.0} | {:.0}% |",
                 100.0 * g / b
@@ -182,6 +200,10 @@ fn main() {
             table.push(format!(
                 "| in the caller's transaction (1 effect row) | {tasks} | {t:.0} | same transaction without jobguard: {p:.0} | {:.0}% |",
                 100.0 * t / p
+            ));
+            table.push(format!(
+                "| `PgStore::begin`, the claim in the BEGIN (1 effect row) | {tasks} | {o:.0} | same transaction without jobguard: {p:.0} | {:.0}% |",
+                100.0 * o / p
             ));
         }
         println!("| contender | tasks | jobs/s | peer jobs/s | ratio |");

@@ -126,6 +126,10 @@ pub async fn transfer(tx: &mut PgConnection, t: &Transfer) -> Result<Receipt, Le
 
 /// One delivery of a transfer on Postgres: begin, [`transfer`], commit. A worker that dies
 /// before the commit leaves neither the updates nor the key.
+///
+/// When nothing else goes in the transaction, `transfer(&mut pool.acquire().await?, t)` does the
+/// same with one round trip fewer: given a connection outside a transaction, jobguard begins one
+/// with the key's claim in the `BEGIN`'s message, and commits it after the receipt.
 pub async fn transfer_in_postgres(pool: &PgPool, t: &Transfer) -> Result<Receipt, LedgerError> {
     let mut tx = pool.begin().await?;
     let receipt = transfer(&mut tx, t).await?;

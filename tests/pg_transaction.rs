@@ -174,7 +174,7 @@ async fn a_committed_run_replays_and_a_rolled_back_one_runs_again() {
 }
 
 #[tokio::test]
-async fn fingerprints_store_claims_and_a_connection_outside_a_transaction_are_refused() {
+async fn fingerprints_store_claims_and_a_connection_outside_a_transaction_gets_its_own() {
     let Some(server) = PgServer::start() else {
         return;
     };
@@ -216,23 +216,24 @@ async fn fingerprints_store_claims_and_a_connection_outside_a_transaction_are_re
     ));
     drop(tx);
 
-    // A connection outside any transaction would commit the key on its own.
+    // A connection outside any transaction gets a transaction of its own, begun with the
+    // claim and committed by jobguard: the run commits, and the next call replays it.
     let mut conn = PgConnection::connect(&server.url()).await.unwrap();
     let ran = AtomicU32::new(0);
-    let refused: Result<i32, JobError> = PgStore::in_transaction(&mut conn, SCOPE, "bare")
-        .run(async |_| {
-            ran.fetch_add(1, Ordering::Relaxed);
-            Ok(1)
-        })
-        .await;
-    assert!(
-        matches!(&refused, Err(JobError::Guard(jobguard::Error::Store(m))) if m.contains("inside a transaction")),
-        "{refused:?}"
-    );
-    assert_eq!(ran.load(Ordering::Relaxed), 0);
+    for _ in 0..2 {
+        let own: Result<i32, JobError> = PgStore::in_transaction(&mut conn, SCOPE, "bare")
+            .run(async |_| {
+                ran.fetch_add(1, Ordering::Relaxed);
+                Ok(1)
+            })
+            .await;
+        assert!(matches!(own, Ok(1)), "{own:?}");
+        assert!(!conn.is_in_transaction(), "committed");
+    }
+    assert_eq!(ran.load(Ordering::Relaxed), 1, "replayed");
     // The same connection inside a transaction works, and the body gets the connection back.
     let mut tx = conn.begin().await.unwrap();
-    let n = PgStore::in_transaction(&mut *tx, SCOPE, "bare")
+    let n = PgStore::in_transaction(&mut *tx, SCOPE, "bare-in-tx")
         .run(async |conn: &mut PgConnection| {
             let n: i32 = sqlx::query_scalar("SELECT 41 + 1").fetch_one(conn).await?;
             Ok::<_, JobError>(n)

@@ -489,13 +489,18 @@ fn idempotent_call(
 //
 // Output:
 //     async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<Receipt, E> {
-//         let __jobguard_key = ::jobguard::__private::key(&(transfer.id));
-//         let __jobguard_idempotent = ::jobguard::__private::PgStore::in_transaction(
-//             &mut *tx, concat!(module_path!(), "::transfer"), &__jobguard_key);
-//         __jobguard_idempotent
-//             .run(async |tx: &mut ::jobguard::__private::PgConnection| async { body }.await)
-//             .await
+//         ::jobguard::__private::transaction! {
+//             let __jobguard_key = ::jobguard::__private::key(&(transfer.id));
+//             let __jobguard_idempotent = ::jobguard::__private::PgStore::in_transaction(
+//                 &mut *tx, concat!(module_path!(), "::transfer"), &__jobguard_key);
+//             __jobguard_idempotent
+//                 .run(async |tx: &mut ::jobguard::__private::PgConnection| async { body }.await)
+//                 .await
+//         }
 //     }
+//
+// `transaction!` passes the statements through with jobguard's `postgres` feature; without it,
+// it replaces them with one error in words, instead of rustc's "not found in `__private`".
 //
 // The body sees `tx` as the `&mut PgConnection` the call hands back, whichever of the two types
 // the parameter has. With `#[retry]`, the work is the retry loop, each attempt in a savepoint.
@@ -524,9 +529,14 @@ fn transaction_call(
     let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(
         async |#tx: &mut #krate::__private::PgConnection| #work.await
     ).await);
+    // Through the runtime's `transaction!`, which passes the statements through with the
+    // `postgres` feature and replaces them with an error in words without it.
+    let pass = quote_spanned!(tx.span()=> #krate::__private::transaction!);
     quote! {
-        let __jobguard_key = #key;
-        let __jobguard_idempotent = #call;
-        #run
+        #pass {
+            let __jobguard_key = #key;
+            let __jobguard_idempotent = #call;
+            #run
+        }
     }
 }

@@ -79,6 +79,17 @@ const CASES: &[Case] = &[
         "#,
     },
     Case {
+        name: "transaction",
+        kind: Kind::Idempotent,
+        args: r#"key = transfer.id, transaction = tx"#,
+        item: r#"
+            async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<i64, LedgerError> {
+                debit(&mut *tx, transfer).await?;
+                credit(&mut *tx, transfer).await
+            }
+        "#,
+    },
+    Case {
         name: "idempotent_retry",
         kind: Kind::Idempotent,
         args: r#"key = order_id"#,

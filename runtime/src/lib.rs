@@ -203,7 +203,12 @@ pub use jobguard_macros::retry;
 /// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with
 /// [`PgStore::in_transaction`](crate::store::postgres::PgStore::in_transaction), the body's writes
 /// and the result go in it, and the caller commits. Inside the body `tx` is the transaction's
-/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint.
+/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint. Called with a
+/// `&mut PgConnection` outside any transaction (a pool connection), the function gets a
+/// transaction of its own, begun with the claim in the same round trip and committed after the
+/// result ([`PgStore::begin`](crate::store::postgres::PgStore::begin)): one round trip beyond
+/// the body's statements, where joining the caller's transaction costs two. Without the
+/// `postgres` feature, `transaction` is a compile error that says so.
 ///
 /// The default `scope` is the function's module path and name: moving or renaming the function
 /// changes it, and with it every stored key. Jobs whose keys must outlive a refactor pin
@@ -226,10 +231,34 @@ pub use jobguard_macros::retry;
 #[doc(inline)]
 pub use jobguard_macros::idempotent;
 
+/// The statements of `#[idempotent(transaction = ..)]`'s expansion, passed through: the
+/// `postgres` feature is on. Not public API; expansions call it as `__private::transaction!`.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __jobguard_transaction {
+    ($($statements:tt)*) => { $($statements)* };
+}
+
+/// The statements of `#[idempotent(transaction = ..)]`'s expansion, replaced by one error in
+/// words: the `postgres` feature is off, so there is no `PgStore` to expand to. Not public API.
+#[cfg(not(feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __jobguard_transaction {
+    ($($statements:tt)*) => {
+        ::core::compile_error!(
+            "`transaction = ...` needs jobguard's `postgres` feature: \
+             jobguard = { version = \"...\", features = [\"postgres\"] }"
+        )
+    };
+}
+
 /// What expanded attributes call. Not public API: it changes without notice. Nothing in this
 /// crate calls it; every item lives in its own module.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::__jobguard_transaction as transaction;
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;

@@ -10,6 +10,10 @@
 //!   writes and the stored result share one transaction, which the caller commits. A crash before
 //!   the commit leaves neither the effect nor the key: there is no window. This is the form to use
 //!   when the side effect is a write to the same database.
+//! * **In a transaction jobguard begins**, with [`PgStore::begin`]: the same, with the claim sent
+//!   in the `BEGIN`'s round trip and the commit made by jobguard after the result. One round trip
+//!   beyond the transaction the job would send without jobguard, where joining the caller's
+//!   transaction costs two (see "Round trips" in [`InTransaction::run`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), jobguard::Error> {
@@ -245,7 +249,10 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     /// commits it.
     ///
     /// `conn` is a `&mut sqlx::Transaction<'_, Postgres>` or a `&mut PgConnection` inside a
-    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). The body gets the
+    /// transaction begun through sqlx (`pool.begin()`, `conn.begin()`). A `&mut PgConnection`
+    /// outside any transaction gets a transaction of its own, which jobguard begins with the
+    /// claim and commits, as [`PgStore::begin`] does: one round trip beyond the body's
+    /// statements instead of two (see [`InTransaction::run`]). The body gets the
     /// connection back as a `&mut PgConnection` (write `&mut *tx` for its statements), whichever
     /// of the two was given: a closure over `&mut Transaction<'t, _>` would tie the future to the
     /// transaction's lifetime in a way the compiler cannot prove `Send`, so such a future could
@@ -300,6 +307,51 @@ CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
             ttl: DEFAULT_TTL,
             fingerprint: None,
         }
+    }
+
+    /// Begins a transaction on `conn` for one idempotent call, with the key's claim sent in the
+    /// same round trip as the `BEGIN`, then runs [`Begin::run`]'s `work` in it, writes the
+    /// result, and commits. The form to use when the job's transaction can start with the job:
+    /// it costs one round trip beyond the transaction the job would send without jobguard (the
+    /// result's write), where [`in_transaction`](Self::in_transaction), joining a transaction
+    /// the caller began, costs two.
+    ///
+    /// `conn` must be outside any transaction (a connection from `pool.acquire()`); put every
+    /// write that must commit with the job inside `work`.
+    ///
+    /// ```no_run
+    /// use jobguard::PgStore;
+    ///
+    /// #[derive(Debug)]
+    /// enum TransferError {
+    ///     Db(sqlx::Error),
+    ///     Guard(jobguard::Error),
+    /// }
+    /// impl From<sqlx::Error> for TransferError {
+    ///     fn from(e: sqlx::Error) -> Self { TransferError::Db(e) }
+    /// }
+    /// impl From<jobguard::Error> for TransferError {
+    ///     fn from(e: jobguard::Error) -> Self { TransferError::Guard(e) }
+    /// }
+    ///
+    /// async fn transfer(pool: &sqlx::PgPool, id: &str) -> Result<i64, TransferError> {
+    ///     let mut conn = pool.acquire().await?;
+    ///     // BEGIN and the key's claim, the two updates, the result, COMMIT: four round trips.
+    ///     PgStore::begin(&mut conn, "ledger.transfer", id)
+    ///         .run(async |tx| {
+    ///             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             sqlx::query("UPDATE accounts SET balance = balance + 10 WHERE id = 2")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok::<_, TransferError>(10)
+    ///         })
+    ///         .await
+    /// }
+    /// ```
+    pub fn begin<'c>(conn: &'c mut PgConnection, scope: &'c str, key: &'c str) -> Begin<'c> {
+        Begin(Self::in_transaction(conn, scope, key))
     }
 
     async fn claim_counted(
@@ -644,8 +696,19 @@ impl InTransaction<'_> {
     /// The caller commits. Until then nothing is visible to other transactions, and a crash
     /// loses the effect and the key together.
     ///
-    /// `conn` must be inside a transaction begun through sqlx; otherwise the call fails with
-    /// [`Error::Store`] before running anything, since each statement would commit on its own.
+    /// `conn` is inside a transaction begun through sqlx (`pool.begin()`, `conn.begin()`). A
+    /// connection outside any transaction gets one of its own, as with [`PgStore::begin`]: the
+    /// claim goes with its `BEGIN`, and jobguard commits it after the result.
+    ///
+    /// # Round trips
+    ///
+    /// In the caller's transaction the call sends two statements of its own beside the body's:
+    /// the claim before the body (it is what makes a concurrent duplicate wait instead of
+    /// running, and what keeps a completed key from running again) and the result's write after
+    /// it (the result exists only then). sqlx sends no statement before the previous one's
+    /// answer, and the caller sends the `BEGIN` and the `COMMIT`, so neither can travel with
+    /// one of those: two round trips. [`PgStore::begin`], where jobguard sends the `BEGIN`,
+    /// costs one.
     ///
     /// # Retries
     ///
@@ -692,6 +755,9 @@ impl InTransaction<'_> {
         T: crate::bounds::Replayable,
         E: crate::bounds::FromJobguard,
     {
+        if !self.conn.is_in_transaction() {
+            return Begin(self).run(work).await;
+        }
         let InTransaction {
             conn,
             scope,
@@ -699,13 +765,6 @@ impl InTransaction<'_> {
             ttl,
             fingerprint,
         } = self;
-        if !conn.is_in_transaction() {
-            return Err(E::from(Error::Store(
-                "PgStore::in_transaction needs a connection inside a transaction \
-                 (pass the transaction from pool.begin())"
-                    .into(),
-            )));
-        }
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
@@ -720,21 +779,16 @@ impl InTransaction<'_> {
         }
         match work(&mut *conn).await {
             Ok(value) => {
-                let record = encode_record(&value).map_err(|e| {
-                    E::from(Error::Corrupt(format!(
-                        "the result for {}:{} cannot be serialized: {e}",
-                        store_key.scope, store_key.key
-                    )))
-                })?;
-                sqlx::query(COMPLETE_IN)
-                    .bind(&*scope)
-                    .bind(&*stored)
-                    .bind(&token)
-                    .bind(&record)
-                    .bind(micros(ttl))
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| E::from(store_error("storing the result failed", &e)))?;
+                store_result(
+                    &mut *conn,
+                    store_key,
+                    (&scope, &stored),
+                    &token,
+                    &value,
+                    ttl,
+                )
+                .await
+                .map_err(E::from)?;
                 Ok(value)
             }
             Err(error) => {
@@ -751,12 +805,280 @@ impl InTransaction<'_> {
     }
 }
 
+/// One idempotent call in a transaction of its own: made by [`PgStore::begin`], run by
+/// [`run`](Self::run).
+#[must_use]
+#[derive(Debug)]
+pub struct Begin<'c>(InTransaction<'c>);
+
+impl Begin<'_> {
+    /// How long the committed result is replayed (default 24 hours).
+    pub fn ttl(self, ttl: Duration) -> Self {
+        Begin(self.0.ttl(ttl))
+    }
+
+    /// A digest of the arguments: the same key with another fingerprint is
+    /// [`Error::KeyReused`].
+    pub fn fingerprint(self, fingerprint: String) -> Self {
+        Begin(self.0.fingerprint(fingerprint))
+    }
+
+    /// Begins the transaction with the key's claim, replays the committed result or runs `work`
+    /// in it, writes the result, and commits.
+    ///
+    /// * The `BEGIN` and the key row's `INSERT` go to the server as one message: the claim
+    ///   costs no round trip of its own. A concurrent call with the same key waits on the row
+    ///   until this transaction ends: after its commit it replays the committed result, after a
+    ///   rollback it runs.
+    /// * The key was taken already (completed, claimed by the [`Store`] form, or committed by a
+    ///   concurrent call while this one waited): the `INSERT` fails on the key's primary key,
+    ///   before `work` could run, and the call reads the row in a new transaction: the stored
+    ///   `Ok` value (`work` does not run), [`Error::KeyReused`], [`Error::InProgress`], or an
+    ///   expired claim taken over, and `work` runs.
+    /// * `work` succeeds: its result is written to the key row (one statement) and the
+    ///   transaction commits: the body's writes, the key and the result together. A failed
+    ///   commit is [`Error::Store`], and nothing of the call stays.
+    /// * `work` fails: the transaction is rolled back, the key with it, and the error returned.
+    /// * A statement of jobguard's fails (database unreachable): [`Error::Store`], and `work`
+    ///   does not run or its writes are rolled back.
+    ///
+    /// If the future is dropped while `work` runs, sqlx rolls the transaction back before the
+    /// connection's next use (a pool connection: when it returns to the pool).
+    ///
+    /// The transaction is begun with a plain `BEGIN`, at the session's default isolation level
+    /// (`default_transaction_isolation`). To retry statements of `work`, wrap them in
+    /// [`savepoint`], as with [`InTransaction::run`].
+    pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        T: crate::bounds::Replayable,
+        E: crate::bounds::FromJobguard,
+    {
+        let InTransaction {
+            conn,
+            scope,
+            key,
+            ttl,
+            fingerprint,
+        } = self.0;
+        if conn.is_in_transaction() {
+            return Err(E::from(Error::Store(
+                "PgStore::begin needs a connection outside a transaction \
+                 (inside the caller's transaction, use PgStore::in_transaction)"
+                    .into(),
+            )));
+        }
+        let store_key = StoreKey { scope: &scope, key };
+        let (scope, stored) = PgStore::row_key(store_key);
+        let token = new_token();
+        let fingerprint = fingerprint.as_deref();
+        let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
+        // The fast path: BEGIN and the claim in one message. The transaction does not leave
+        // this function, so the slow path below can borrow the connection again.
+        let claim = begin_claim_sql(&scope, &stored, &token, fingerprint, DEFAULT_LEASE);
+        match conn.begin_with(sqlx::AssertSqlSafe(claim)).await {
+            Ok(tx) => return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await,
+            // sqlx has queued the ROLLBACK; it goes out with the next statement.
+            Err(e) if is_key_conflict(&e) => {}
+            Err(e) => return Err(fail("claim failed", e)),
+        }
+        // The slow path: the key's row is committed. A completed row or a live claim is read
+        // in one statement outside any transaction, after the failed BEGIN's ROLLBACK (three
+        // round trips for a replay); an expired row, or one deleted since, is claimed in a
+        // transaction.
+        match read_in(&mut *conn, &scope, &stored, fingerprint).await {
+            Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(E::from),
+            Ok(Seen::Live(Found::Reused)) => return Err(E::from(Error::KeyReused)),
+            Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
+            Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
+            Err(e) => return Err(E::from(e)),
+        }
+        let mut tx = conn.begin().await.map_err(|e| fail("claim failed", e))?;
+        let found = match claim_in(&mut tx, &scope, &stored, &token, fingerprint).await {
+            Ok(Found::Acquired) => {
+                return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await;
+            }
+            Ok(Found::Completed(bytes)) => decode::<T>(&bytes),
+            Ok(Found::Reused) => Err(Error::KeyReused),
+            Ok(Found::Claimed) => Err(Error::InProgress),
+            Err(e) => Err(e),
+        };
+        // Nothing was written: the rollback only ends the transaction.
+        let _ = tx.rollback().await;
+        found.map_err(E::from)
+    }
+}
+
+/// Runs `work` in `tx`, the key claimed with `token`; writes the result and commits, or rolls
+/// back when `work` or the result's write fails.
+async fn finish<T, E, F>(
+    mut tx: sqlx::Transaction<'_, Postgres>,
+    key: StoreKey<'_>,
+    cols: (&str, &str),
+    token: &str,
+    ttl: Duration,
+    work: F,
+) -> Result<T, E>
+where
+    F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+    T: crate::bounds::Replayable,
+    E: crate::bounds::FromJobguard,
+{
+    match work(&mut tx).await {
+        Ok(value) => {
+            if let Err(e) = store_result(&mut tx, key, cols, token, &value, ttl).await {
+                let _ = tx.rollback().await;
+                return Err(E::from(e));
+            }
+            tx.commit()
+                .await
+                .map_err(|e| E::from(store_error("commit failed", &e)))?;
+            Ok(value)
+        }
+        Err(error) => {
+            let _ = tx.rollback().await;
+            Err(error)
+        }
+    }
+}
+
+/// Whether `e` is the claim's `INSERT` meeting the key's committed row.
+fn is_key_conflict(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some("23505")
+            && db.constraint() == Some("jobguard_keys_pkey"))
+}
+
+/// `BEGIN` and the claim's `INSERT`, for one simple-query message. A simple query takes no
+/// bound parameters, so the values are literals: each text value as the hex of its UTF-8 bytes
+/// (`convert_from(decode('…', 'hex'), 'UTF8')`), which no value can break out of, whatever the
+/// server's string settings; the lease as an integer.
+fn begin_claim_sql(
+    scope: &str,
+    key: &str,
+    token: &str,
+    fingerprint: Option<&str>,
+    lease: Duration,
+) -> String {
+    fn text(out: &mut String, value: &str) {
+        out.push_str("convert_from(decode('");
+        for b in value.as_bytes() {
+            let _ = write!(out, "{b:02x}");
+        }
+        out.push_str("', 'hex'), 'UTF8')");
+    }
+    let mut sql = String::with_capacity(
+        200 + 2 * (scope.len() + key.len() + token.len() + fingerprint.map_or(0, str::len)),
+    );
+    sql.push_str(
+        "BEGIN; INSERT INTO jobguard_keys (scope, key, token, fingerprint, result, expires_at) \
+         VALUES (",
+    );
+    text(&mut sql, scope);
+    sql.push_str(", ");
+    text(&mut sql, key);
+    sql.push_str(", ");
+    text(&mut sql, token);
+    sql.push_str(", ");
+    match fingerprint {
+        Some(fp) => text(&mut sql, fp),
+        None => sql.push_str("NULL"),
+    }
+    let _ = write!(
+        sql,
+        ", NULL, now() + {} * interval '1 microsecond')",
+        micros(lease)
+    );
+    sql
+}
+
+/// Writes `value` as the result of the key row that `token` claimed in this transaction: the
+/// one statement after the body, on both transactional paths.
+async fn store_result<T: crate::bounds::Replayable>(
+    conn: &mut PgConnection,
+    key: StoreKey<'_>,
+    (scope, stored): (&str, &str),
+    token: &str,
+    value: &T,
+    ttl: Duration,
+) -> Result<(), Error> {
+    let record = encode_record(value).map_err(|e| {
+        Error::Corrupt(format!(
+            "the result for {}:{} cannot be serialized: {e}",
+            key.scope, key.key
+        ))
+    })?;
+    sqlx::query(COMPLETE_IN)
+        .bind(scope)
+        .bind(stored)
+        .bind(token)
+        .bind(&record)
+        .bind(micros(ttl))
+        .execute(conn)
+        .await
+        .map_err(|e| store_error("storing the result failed", &e))?;
+    Ok(())
+}
+
 /// What the key's row held when claimed in a transaction.
 enum Found {
     Acquired,
     Completed(Vec<u8>),
     Reused,
     Claimed,
+}
+
+/// The key's row as a statement outside the claim's `INSERT` reads it.
+enum Seen {
+    /// No row: deleted since the insert met it.
+    Gone,
+    /// Expired: free to take over.
+    Expired,
+    /// Completed, held by a live claim, or holding another fingerprint.
+    Live(Found),
+}
+
+async fn read_in(
+    conn: &mut PgConnection,
+    scope: &str,
+    key: &str,
+    fingerprint: Option<&str>,
+) -> Result<Seen, Error> {
+    let fail = |e: sqlx::Error| store_error("claim failed", &e);
+    let Some(row) = sqlx::query(READ_IN)
+        .bind(scope)
+        .bind(key)
+        .bind(fingerprint)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(fail)?
+    else {
+        return Ok(Seen::Gone);
+    };
+    let get = |i| row.try_get::<bool, _>(i).map_err(fail);
+    let (expired, reused, completed) = (get(0)?, get(1)?, get(2)?);
+    if expired {
+        return Ok(Seen::Expired);
+    }
+    if get(4)? {
+        // Poisoned by the `Store` form's crash count: refused here too.
+        let crashes: i32 = row.try_get(5).map_err(fail)?;
+        return Err(Error::Poisoned {
+            crashes: u32::try_from(crashes).unwrap_or(0),
+        });
+    }
+    Ok(Seen::Live(if reused {
+        Found::Reused
+    } else if completed {
+        let result: Option<Vec<u8>> = row.try_get(3).map_err(fail)?;
+        Found::Completed(
+            result.ok_or_else(|| {
+                Error::Corrupt("a completed idempotency row without a result".into())
+            })?,
+        )
+    } else {
+        Found::Claimed
+    }))
 }
 
 async fn claim_in(
@@ -783,29 +1105,10 @@ async fn claim_in(
         if inserted.is_some() {
             return Ok(Found::Acquired);
         }
-        let Some(row) = sqlx::query(READ_IN)
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(fail)?
-        else {
-            continue;
-        };
-        let get = |i| row.try_get::<bool, _>(i).map_err(fail);
-        let (expired, reused, completed) = (get(0)?, get(1)?, get(2)?);
-        if !expired {
-            return Ok(if reused {
-                Found::Reused
-            } else if completed {
-                let result: Option<Vec<u8>> = row.try_get(3).map_err(fail)?;
-                Found::Completed(result.ok_or_else(|| {
-                    Error::Corrupt("a completed idempotency row without a result".into())
-                })?)
-            } else {
-                Found::Claimed
-            });
+        match read_in(&mut *conn, scope, key, fingerprint).await? {
+            Seen::Gone => continue,
+            Seen::Live(found) => return Ok(found),
+            Seen::Expired => {}
         }
         let taken = sqlx::query(TAKE_OVER_IN)
             .bind(scope)
@@ -834,20 +1137,26 @@ RETURNING 1
 "#;
 
 // $1 scope, $2 key, $3 fingerprint.
+// A released row (neither token nor result, not poisoned; left by the `Store` form) is free.
 const READ_IN: &str = r#"
-SELECT expires_at <= now(),
+SELECT expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned),
        fingerprint IS NOT NULL AND $3::text IS NOT NULL AND fingerprint <> $3::text,
        token IS NULL,
-       result
+       result,
+       poisoned,
+       crashes
 FROM jobguard_keys WHERE scope = $1 AND key = $2
 "#;
 
 // $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs.
 const TAKE_OVER_IN: &str = r#"
 UPDATE jobguard_keys
-SET token = $3, fingerprint = $4, result = NULL,
+SET token = $3, fingerprint = $4, result = NULL, poisoned = false,
+    generation = generation + 1,
+    crashes = CASE WHEN expires_at <= now() THEN 0 ELSE crashes END,
     expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND expires_at <= now()
+WHERE scope = $1 AND key = $2
+  AND (expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned))
 RETURNING 1
 "#;
 
@@ -927,6 +1236,23 @@ mod tests {
         assert_eq!(rk("a\0b", "k").0, "a%00b");
         assert_eq!(rk("a%00b", "k").0, "a%2500b");
         assert_ne!(rk("a\0b", "k"), rk("a%00b", "k"));
+    }
+
+    #[test]
+    fn the_begin_claim_holds_values_as_hex_only() {
+        let sql = begin_claim_sql(
+            "s'cope",
+            "k\\'); DROP TABLE x; --",
+            "t",
+            Some("f"),
+            Duration::from_secs(1),
+        );
+        let values = sql.split_once("VALUES (").unwrap().1;
+        assert!(!values.contains("DROP") && !values.contains("s'"), "{sql}");
+        assert!(sql.starts_with("BEGIN; INSERT INTO jobguard_keys"));
+        assert!(values.contains("convert_from(decode('7327636f7065', 'hex'), 'UTF8')"));
+        assert!(values.ends_with("NULL, now() + 1000000 * interval '1 microsecond')"));
+        assert!(begin_claim_sql("s", "k", "t", None, Duration::ZERO).contains(", NULL, NULL, "));
     }
 
     #[test]
