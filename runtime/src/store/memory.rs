@@ -31,8 +31,10 @@ use crate::Error;
 use hashbrown::HashTable;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -149,8 +151,6 @@ impl MemoryStoreBuilder {
                 epoch: Instant::now(),
                 limits,
                 max_bytes: self.max_bytes,
-                evicted: AtomicU64::new(0),
-                expired: AtomicU64::new(0),
                 warned_at: AtomicU64::new(NEVER),
                 warned_evicted: AtomicU64::new(0),
                 #[cfg(feature = "metrics")]
@@ -197,11 +197,9 @@ struct Inner {
     epoch: Instant,
     limits: Limits,
     max_bytes: usize,
-    evicted: AtomicU64,
-    expired: AtomicU64,
     /// When the last warning about evictions was logged, or [`NEVER`].
     warned_at: AtomicU64,
-    /// [`Inner::evicted`] as the last warning reported it.
+    /// [`MemoryStats::evicted`] as the last warning reported it.
     warned_evicted: AtomicU64,
     /// The bytes last added to the `metrics` gauge, and when evictions may next report them.
     #[cfg(feature = "metrics")]
@@ -225,6 +223,10 @@ struct Shard {
     cursor: usize,
     /// The last completion stamp handed out: stamps are unique and increasing.
     last_stamp: u64,
+    /// Records this shard gave up for room, and dropped as expired: counted under its lock,
+    /// which the operation holds anyway, rather than in an atomic every operation would write.
+    evicted: u64,
+    expired: u64,
 }
 
 /// A completed, released or poisoned record's entry in [`Shard::order`].
@@ -250,13 +252,15 @@ enum State {
 /// One `(scope, key)`'s record.
 struct Record {
     hash: u64,
-    /// The scope, the key, then the fingerprint, in one allocation.
-    id: Box<str>,
+    /// The scope, the key, the fingerprint, then the payload, in one allocation: the claim's
+    /// token while claimed, the stored result once completed, nothing otherwise.
+    data: Box<[u8]>,
     scope_len: u32,
     key_len: u32,
+    /// The fingerprint's length, or [`NO_FINGERPRINT`].
+    fp_len: u32,
     /// Abandoned claims counted.
     crashes: u32,
-    fingerprinted: bool,
     state: State,
     /// Nanoseconds since the epoch: when the record is dropped (a claim's TTL from its claim, a
     /// completed record's from its completion).
@@ -265,9 +269,10 @@ struct Record {
     at: u64,
     /// The claim's number among the key's claims, from 1.
     generation: u64,
-    /// The claim's token while claimed, the stored result once completed, nothing otherwise.
-    payload: Box<[u8]>,
 }
+
+/// [`Record::fp_len`] of a record claimed without a fingerprint.
+const NO_FINGERPRINT: u32 = u32::MAX;
 
 impl Record {
     fn claimed(
@@ -278,42 +283,80 @@ impl Record {
         lease_end: u64,
         expires: u64,
     ) -> Result<Self, Error> {
-        let too_long = || Error::Store("memory store: scope or key longer than 4 GiB".into());
+        let too_long =
+            || Error::Store("memory store: scope, key or fingerprint longer than 4 GiB".into());
         let scope_len = u32::try_from(key.scope.len()).map_err(|_| too_long())?;
         let key_len = u32::try_from(key.key.len()).map_err(|_| too_long())?;
         let fp = fingerprint.unwrap_or("");
-        let mut id = String::with_capacity(key.scope.len() + key.key.len() + fp.len());
-        id.push_str(key.scope);
-        id.push_str(key.key);
-        id.push_str(fp);
+        let fp_len = match fingerprint {
+            Some(fp) => u32::try_from(fp.len())
+                .ok()
+                .filter(|&n| n != NO_FINGERPRINT)
+                .ok_or_else(too_long)?,
+            None => NO_FINGERPRINT,
+        };
+        let mut data =
+            Vec::with_capacity(key.scope.len() + key.key.len() + fp.len() + token.len());
+        data.extend_from_slice(key.scope.as_bytes());
+        data.extend_from_slice(key.key.as_bytes());
+        data.extend_from_slice(fp.as_bytes());
+        data.extend_from_slice(token.as_bytes());
         Ok(Record {
             hash,
-            id: id.into_boxed_str(),
+            data: data.into_boxed_slice(),
             scope_len,
             key_len,
+            fp_len,
             crashes: 0,
-            fingerprinted: fingerprint.is_some(),
             state: State::Claimed,
             expires: expires.max(lease_end),
             at: lease_end,
             generation: 1,
-            payload: token.as_bytes().into(),
         })
     }
 
+    #[inline]
     fn is(&self, hash: u64, key: StoreKey<'_>) -> bool {
-        let (scope, rest) = self.id.split_at(self.scope_len as usize);
-        self.hash == hash && scope == key.scope && &rest[..self.key_len as usize] == key.key
+        let (scope, key) = (key.scope.as_bytes(), key.key.as_bytes());
+        self.hash == hash
+            && self.scope_len as usize == scope.len()
+            && self.key_len as usize == key.len()
+            && self.data.get(..scope.len()) == Some(scope)
+            && self.data.get(scope.len()..scope.len() + key.len()) == Some(key)
     }
 
-    fn fingerprint(&self) -> Option<&str> {
+    fn fingerprint(&self) -> Option<&[u8]> {
         let at = self.scope_len as usize + self.key_len as usize;
-        self.fingerprinted.then(|| &self.id[at..])
+        (self.fp_len != NO_FINGERPRINT).then(|| &self.data[at..at + self.fp_len as usize])
+    }
+
+    /// Where the payload starts in [`Record::data`].
+    fn prefix(&self) -> usize {
+        let fp = if self.fp_len == NO_FINGERPRINT {
+            0
+        } else {
+            self.fp_len as usize
+        };
+        self.scope_len as usize + self.key_len as usize + fp
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.data[self.prefix()..]
+    }
+
+    /// Replaces the payload, in place when the allocator can (a `realloc`).
+    fn set_payload(&mut self, payload: &[u8]) {
+        let prefix = self.prefix();
+        let mut data = Vec::from(std::mem::take(&mut self.data));
+        data.truncate(prefix);
+        data.reserve_exact(payload.len());
+        data.extend_from_slice(payload);
+        self.data = data.into_boxed_slice();
     }
 
     /// `token` holds a live claim on this record.
     fn held_by(&self, token: &str, now: u64) -> bool {
-        self.live_claim(now) && *self.payload == *token.as_bytes()
+        self.live_claim(now) && self.payload() == token.as_bytes()
     }
 
     /// A claim whose lease has not ended.
@@ -327,7 +370,7 @@ impl Record {
     }
 
     fn heap(&self) -> usize {
-        heap_bytes(self.id.len()) + heap_bytes(self.payload.len())
+        heap_bytes(self.data.len())
     }
 }
 
@@ -545,12 +588,12 @@ impl Shard {
             if record.expires > now {
                 let reused = matches!(
                     (record.fingerprint(), fingerprint),
-                    (Some(theirs), Some(ours)) if theirs != ours
+                    (Some(theirs), Some(ours)) if theirs != ours.as_bytes()
                 );
                 crashes = record.crashes;
                 match record.state {
                     State::Completed if reused => return Ok(Claimed::KeyReused),
-                    State::Completed => return Ok(Claimed::Completed(record.payload.to_vec())),
+                    State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
                     State::Poisoned => {
                         return Ok(Claimed::Poisoned {
                             crashes,
@@ -574,7 +617,7 @@ impl Shard {
                     let before = record.heap();
                     record.state = State::Poisoned;
                     record.crashes = crashes;
-                    record.payload = Box::default();
+                    record.set_payload(&[]);
                     record.expires = keep;
                     self.heap = self.heap + record.heap() - before;
                     let done = Done {
@@ -652,7 +695,7 @@ impl Shard {
             .filter(|r| r.held_by(token, now))
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
-        record.payload = result.into();
+        record.set_payload(result);
         record.state = State::Completed;
         record.expires = expires;
         record.at = stamp;
@@ -692,7 +735,7 @@ impl Shard {
         };
         let before = record.heap();
         record.state = State::Free;
-        record.payload = Box::default();
+        record.set_payload(&[]);
         self.heap = self.heap + record.heap() - before;
         let done = Done {
             hash: op.hash,
@@ -773,7 +816,7 @@ impl MemoryStore {
             .table
             .find(hash, |r| r.is(hash, key))
             .filter(|r| r.state == State::Completed && r.expires > now)
-            .map(|r| r.payload.to_vec())
+            .map(|r| r.payload().to_vec())
     }
 
     /// `key`'s hash, computed once, and its shard. The shard is picked by bits 32–35 of the
@@ -794,8 +837,14 @@ impl MemoryStore {
             limits: self.inner.limits,
             tally: Tally::default(),
         };
-        let out = f(&mut lock(shard), &mut op);
-        self.inner.report(&op.tally, op.now);
+        let mut shard = lock(shard);
+        let out = f(&mut shard, &mut op);
+        shard.evicted += op.tally.evicted;
+        shard.expired += op.tally.expired;
+        drop(shard);
+        if op.tally.evicted > 0 {
+            self.inner.report_evictions(&op.tally, op.now);
+        }
         out
     }
 
@@ -822,10 +871,14 @@ impl MemoryStore {
 
 impl Inner {
     fn stats(&self) -> MemoryStats {
-        let (records, bytes) = self.shards.iter().fold((0, 0), |(r, b), s| {
-            let s = lock(s);
-            (r + s.table.len(), b + s.bytes())
-        });
+        let (mut records, mut bytes, mut evicted, mut expired) = (0, 0, 0, 0);
+        for shard in &self.shards {
+            let shard = lock(shard);
+            records += shard.table.len();
+            bytes += shard.bytes();
+            evicted += shard.evicted;
+            expired += shard.expired;
+        }
         #[cfg(feature = "metrics")]
         {
             let before = self.gauge.swap(bytes as u64, Ordering::Relaxed);
@@ -838,24 +891,13 @@ impl Inner {
             records,
             bytes,
             max_bytes: self.max_bytes,
-            evicted: self.evicted.load(Ordering::Relaxed),
-            expired: self.expired.load(Ordering::Relaxed),
+            evicted,
+            expired,
         }
     }
 
     fn now(&self) -> u64 {
         nanos(Instant::now().saturating_duration_since(self.epoch))
-    }
-
-    /// Counts what one operation dropped: expirations quietly, evictions out loud.
-    #[inline]
-    fn report(&self, tally: &Tally, now: u64) {
-        if tally.expired > 0 {
-            self.expired.fetch_add(tally.expired, Ordering::Relaxed);
-        }
-        if tally.evicted > 0 {
-            self.report_evictions(tally, now);
-        }
     }
 
     /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
@@ -878,7 +920,6 @@ impl Inner {
     }
 
     fn report_evictions(&self, tally: &Tally, now: u64) {
-        let total = self.evicted.fetch_add(tally.evicted, Ordering::Relaxed) + tally.evicted;
         let (youngest, oldest) = (
             Duration::from_nanos(tally.youngest),
             Duration::from_nanos(tally.oldest),
@@ -900,7 +941,8 @@ impl Inner {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let since = total - self.warned_evicted.swap(total, Ordering::Relaxed);
+            let total = self.shards.iter().map(|s| lock(s).evicted).sum::<u64>();
+            let since = total.saturating_sub(self.warned_evicted.swap(total, Ordering::Relaxed));
             crate::observe::log_warn(format_args!(
                 "jobguard: MemoryStore at its bound of {} bytes gave up {since} completed \
                  record(s) before their TTL (the latest {youngest:?} to {oldest:?} old; {total} \
@@ -928,6 +970,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The future of a call that acquired a claim: ready, and of no size, so that boxing it as a
+/// [`StoreFuture`] allocates nothing.
+struct Acquired;
+
+impl std::future::Future for Acquired {
+    type Output = Result<Claim, Error>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(Claim::Acquired))
+    }
+}
+
+/// The future of a call that succeeded with nothing to return: ready, and of no size.
+struct Succeeded;
+
+impl std::future::Future for Succeeded {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// `result` as a [`StoreFuture`], allocating only for an error.
+fn done<'a>(result: Result<(), Error>) -> StoreFuture<'a, ()> {
+    match result {
+        Ok(()) => Box::pin(Succeeded),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    }
+}
+
 impl Store for MemoryStore {
     fn claim<'a>(
         &'a self,
@@ -936,12 +1009,10 @@ impl Store for MemoryStore {
         fingerprint: Option<&'a str>,
         lease: Duration,
     ) -> StoreFuture<'a, Claim> {
-        Box::pin(std::future::ready(self.claim_now(
-            key,
-            token,
-            fingerprint,
-            lease,
-        )))
+        match self.claim_now(key, token, fingerprint, lease) {
+            Ok(Claim::Acquired) => Box::pin(Acquired),
+            other => Box::pin(std::future::ready(other)),
+        }
     }
 
     fn claim_with<'a>(
@@ -960,16 +1031,15 @@ impl Store for MemoryStore {
         record: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| {
+        done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(ttl));
             shard.complete(op, token, record, expires)
-        });
-        Box::pin(std::future::ready(done))
+        }))
     }
 
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         self.with_shard(key, |shard, op| shard.release(op, token));
-        Box::pin(std::future::ready(Ok(())))
+        done(Ok(()))
     }
 
     fn renew<'a>(
@@ -978,11 +1048,10 @@ impl Store for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| {
+        done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(lease));
             shard.renew(op, token, expires)
-        });
-        Box::pin(std::future::ready(done))
+        }))
     }
 }
 
@@ -1378,6 +1447,6 @@ mod tests {
         assert_eq!(heap_bytes(1), 32);
         assert_eq!(heap_bytes(24), 32);
         assert_eq!(heap_bytes(25), 48);
-        assert_eq!(size_of::<Record>(), 80);
+        assert_eq!(size_of::<Record>(), 72);
     }
 }
