@@ -29,7 +29,7 @@
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,9 +54,10 @@ const SWEEP_MORE: usize = 256;
 const EXPIRE_STEP: usize = 4;
 /// Records one operation gives up at most to make room for one record.
 const MAX_EVICTIONS: usize = 64;
-/// The bytes counted for each completed record's place in the order of completion: a B-tree
-/// entry of 24 bytes in nodes about half full, rounded up.
-const ORDER_ENTRY_BYTES: usize = 48;
+/// Entries of the orders a claim that adds a record looks at when stale entries are many.
+const COMPACT_STEP: usize = 8;
+/// Stale entries one attempt to give a record up skips at most.
+const STALE_SKIP: usize = 64;
 /// How often, at most, the store logs that it gives records up.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
@@ -212,11 +213,11 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     table: HashTable<Record>,
-    /// Completed records, oldest first: completion stamp → where to find the record.
-    order: BTreeMap<u64, Done>,
+    /// Completed and poisoned records, oldest first.
+    order: Order,
     /// Released keys' records (their generation and crash count), oldest first: the first to
     /// go when room is short, floor or not.
-    freed: BTreeMap<u64, Done>,
+    freed: Order,
     /// The records' heap allocations, in bytes (see [`heap_bytes`]).
     heap: usize,
     /// The next bucket the expiry sweep looks at.
@@ -229,11 +230,112 @@ struct Shard {
     expired: u64,
 }
 
-/// A completed, released or poisoned record's entry in [`Shard::order`].
+/// A completed, released or poisoned record's place in an [`Order`].
 #[derive(Clone, Copy)]
-struct Done {
+struct Entry {
+    /// The record's stamp: [`Record::at`] while the record holds this place.
+    stamp: u64,
     hash: u64,
     expires: u64,
+}
+
+/// Records in the order they were stamped, oldest first: a ring, so that a completion appends
+/// and the oldest comes off the front, each in constant time.
+///
+/// A record that leaves the order other than from the front (an expired record dropped by the
+/// sweep or claimed again, a released key claimed again) leaves its entry behind, *stale*: it is
+/// known by its record no longer holding its stamp, and skipped when it reaches the front. When
+/// stale entries are half the ring, a compaction walks it in place, [`COMPACT_STEP`] entries per
+/// claim, so that they never hold more than about as much memory as the live ones.
+#[derive(Default)]
+struct Order {
+    ring: VecDeque<Entry>,
+    /// Stale entries among those in the ring (not counting a compaction's gap).
+    stale: usize,
+    /// A compaction under way, `(kept, next)`: the entries before `kept` were kept, those from
+    /// `kept` to `next` are a gap left by it, those from `next` on are not looked at yet.
+    compacting: Option<(usize, usize)>,
+}
+
+impl Order {
+    /// Bytes the ring takes.
+    fn bytes(&self) -> usize {
+        self.ring.capacity() * size_of::<Entry>()
+    }
+
+    /// Whether appending an entry makes the ring grow: it doubles.
+    fn grows(&self) -> bool {
+        self.ring.len() == self.ring.capacity()
+    }
+
+    /// The oldest entry, live or stale.
+    fn front(&mut self) -> Option<Entry> {
+        if let Some((0, next)) = self.compacting {
+            if next > 0 {
+                // Nothing kept yet: the gap is the front. (Entries are `Copy`: dropping a prefix
+                // of a `VecDeque` moves its head, not the rest.)
+                self.ring.drain(..next);
+                self.compacting = Some((0, 0));
+            }
+        }
+        self.ring.front().copied()
+    }
+
+    /// Drops the entry [`Order::front`] returned.
+    fn pop_front(&mut self) {
+        self.ring.pop_front();
+        if let Some((kept, next)) = &mut self.compacting {
+            *kept = kept.saturating_sub(1);
+            *next = next.saturating_sub(1);
+        }
+    }
+
+    /// Appends `entry`, the youngest.
+    fn push(&mut self, entry: Entry) {
+        self.ring.push_back(entry);
+    }
+
+    /// Notes that a record left the order other than from the front.
+    fn forget(&mut self) {
+        self.stale += 1;
+    }
+
+    /// Starts a compaction when stale entries are half the ring, and continues one for up to
+    /// `steps` entries: each is looked up in `table`, kept if its record still holds its stamp,
+    /// dropped if not.
+    fn compact_some(&mut self, table: &HashTable<Record>, steps: usize) {
+        if self.compacting.is_none() {
+            if self.stale < 32 || self.stale * 2 < self.ring.len() {
+                return;
+            }
+            self.compacting = Some((0, 0));
+        }
+        let Some((mut kept, mut next)) = self.compacting else {
+            return;
+        };
+        for _ in 0..steps {
+            let Some(&entry) = self.ring.get(next) else {
+                self.ring.truncate(kept);
+                self.compacting = None;
+                return;
+            };
+            next += 1;
+            if holds(table, entry) {
+                self.ring[kept] = entry;
+                kept += 1;
+            } else {
+                self.stale = self.stale.saturating_sub(1);
+            }
+        }
+        self.compacting = Some((kept, next));
+    }
+}
+
+/// Whether `entry`'s record is in `table` and still holds the entry's stamp.
+fn holds(table: &HashTable<Record>, entry: Entry) -> bool {
+    table
+        .find(entry.hash, |r| r.ordered() && r.at == entry.stamp)
+        .is_some()
 }
 
 /// What a record holds.
@@ -417,7 +519,7 @@ impl Tally {
 impl Shard {
     /// Bytes counted against the bound.
     fn bytes(&self) -> usize {
-        self.table.allocation_size() + self.heap + self.ordered() * ORDER_ENTRY_BYTES
+        self.table.allocation_size() + self.heap + self.order.bytes() + self.freed.bytes()
     }
 
     /// Whether the table doubles on the next insert: it has no room left, and too few of its
@@ -445,7 +547,15 @@ impl Shard {
                 table = (2 * table).max(4 * (size_of::<Record>() + 1) + 16);
             }
         }
-        table + self.heap + heap + self.ordered() * ORDER_ENTRY_BYTES <= limits.max_bytes
+        table + self.heap + heap + self.order.bytes() + self.freed.bytes() <= limits.max_bytes
+    }
+
+    /// Whether an entry appended to `order` (the completion order, else the released keys')
+    /// fits: appending to a full ring doubles it.
+    fn entry_fits(&self, limits: &Limits, order: bool) -> bool {
+        let ring = if order { &self.order } else { &self.freed };
+        !ring.grows()
+            || self.bytes() + ring.bytes().max(4 * size_of::<Entry>()) <= limits.max_bytes
     }
 
     /// Gives up completed records, oldest first and never one younger than the floor, until
@@ -469,84 +579,130 @@ impl Shard {
         self.fits(limits, heap, adding)
     }
 
-    /// Entries in the two orders.
-    fn ordered(&self) -> usize {
-        self.order.len() + self.freed.len()
+    /// Appends `entry` to `order` (the completion order, else the released keys'), and moves
+    /// that order's compaction on. It first makes room if it can, so that the ring does not
+    /// double past the bound: like the table, a ring at the bound gives up its oldest entry
+    /// rather than grow.
+    fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
+        for _ in 0..MAX_EVICTIONS {
+            if self.entry_fits(&op.limits, order)
+                || !self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
+            {
+                break;
+            }
+        }
+        let ring = if order {
+            &mut self.order
+        } else {
+            &mut self.freed
+        };
+        ring.push(entry);
+        ring.compact_some(&self.table, COMPACT_STEP);
     }
 
     /// Drops the oldest released key's record, else the oldest completed record if it expired
-    /// or is older than `floor`.
+    /// or is older than `floor`. Stale entries at the front are dropped on the way (up to
+    /// [`STALE_SKIP`] a call).
     fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
-        if let Some((stamp, done)) = self.freed.pop_first() {
-            // A released key's history is given up quietly: no job's result is forgotten.
-            self.remove_ordered(done.hash, stamp);
-            tally.expired += 1;
+        for _ in 0..STALE_SKIP {
+            let Some(entry) = self.freed.front() else {
+                break;
+            };
+            self.freed.pop_front();
+            if self.remove_ordered(entry) {
+                // A released key's history is given up quietly: no job's result is forgotten.
+                tally.expired += 1;
+                return true;
+            }
+            self.freed.stale = self.freed.stale.saturating_sub(1);
+        }
+        self.give_up_first(floor, now, tally)
+    }
+
+    /// Drops the oldest completed record if it expired or is older than `floor`, and the stale
+    /// entries before it (up to [`STALE_SKIP`]). `true` when it dropped anything.
+    fn give_up_first(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
+        let mut dropped = false;
+        for _ in 0..STALE_SKIP {
+            let Some(entry) = self.order.front() else {
+                return dropped;
+            };
+            let Ok(found) = self
+                .table
+                .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
+            else {
+                self.order.pop_front();
+                self.order.stale = self.order.stale.saturating_sub(1);
+                dropped = true;
+                continue;
+            };
+            let expired = entry.expires <= now;
+            let age = now.saturating_sub(entry.stamp);
+            if !expired && age < floor {
+                return dropped;
+            }
+            let (record, _) = found.remove();
+            self.heap -= record.heap();
+            self.order.pop_front();
+            if expired {
+                tally.expired += 1;
+            } else {
+                tally.evicted(age);
+            }
             return true;
         }
-        let Some((&stamp, &done)) = self.order.first_key_value() else {
-            return false;
-        };
-        let expired = done.expires <= now;
-        let age = now.saturating_sub(stamp);
-        if !expired && age < floor {
-            return false;
-        }
-        self.order.pop_first();
-        self.remove_ordered(done.hash, stamp);
-        if expired {
-            tally.expired += 1;
-        } else {
-            tally.evicted(age);
-        }
-        true
+        dropped
     }
 
-    /// Takes `record`'s entry out of its order.
-    fn unorder(order: &mut BTreeMap<u64, Done>, freed: &mut BTreeMap<u64, Done>, record: &Record) {
-        match record.state {
+    /// Notes that a record in `state` left its order other than from the front.
+    fn unorder(order: &mut Order, freed: &mut Order, state: State) {
+        match state {
             State::Claimed => {}
-            State::Free => {
-                freed.remove(&record.at);
-            }
-            State::Completed | State::Poisoned => {
-                order.remove(&record.at);
-            }
+            State::Free => freed.forget(),
+            State::Completed | State::Poisoned => order.forget(),
         }
     }
 
-    fn remove_ordered(&mut self, hash: u64, stamp: u64) {
-        if let Ok(entry) = self
+    /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
+    fn remove_ordered(&mut self, entry: Entry) -> bool {
+        match self
             .table
-            .find_entry(hash, |r| r.ordered() && r.at == stamp)
+            .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
         {
-            let (record, _) = entry.remove();
-            self.heap -= record.heap();
+            Ok(found) => {
+                let (record, _) = found.remove();
+                self.heap -= record.heap();
+                true
+            }
+            Err(_) => false,
         }
     }
 
-    /// Puts a record just made [`ordered`](Record::ordered) at the young end of the order, and
-    /// returns its stamp.
-    fn order_now(
-        order: &mut BTreeMap<u64, Done>,
-        last_stamp: &mut u64,
-        now: u64,
-        done: Done,
-    ) -> u64 {
+    /// The next stamp: unique and increasing, `now` when it can be.
+    fn stamp(last_stamp: &mut u64, now: u64) -> u64 {
         let stamp = now.max(*last_stamp + 1);
         *last_stamp = stamp;
-        order.insert(stamp, done);
         stamp
     }
 
-    /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order, then
-    /// looks at `buckets` buckets of the table for any other expired record (a lapsed claim, a
-    /// record with a shorter TTL than older ones).
+    /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order (and
+    /// as many from the released keys'), then looks at `buckets` buckets of the table for any
+    /// other expired record (a lapsed claim, a record with a shorter TTL than older ones), and
+    /// moves a compaction of either order on.
     /// `pressed`: the shard is out of room, and abandoned claims (kept so the next claim can count
     /// them) go too.
     fn expire_some(&mut self, buckets: usize, now: u64, pressed: bool, tally: &mut Tally) {
         for _ in 0..EXPIRE_STEP {
-            match self.order.first_key_value() {
-                Some((_, done)) if done.expires <= now => {
+            match self.order.front() {
+                Some(entry) if entry.expires <= now => {
+                    self.give_up_first(u64::MAX, now, tally);
+                }
+                _ => break,
+            }
+        }
+        for _ in 0..EXPIRE_STEP {
+            match self.freed.front() {
+                Some(entry) if entry.expires <= now => {
                     self.give_up_oldest(u64::MAX, now, tally);
                 }
                 _ => break,
@@ -564,7 +720,7 @@ impl Shard {
                 if record.expires <= now || lapsed {
                     let (record, _) = entry.remove();
                     self.heap -= record.heap();
-                    Self::unorder(&mut self.order, &mut self.freed, &record);
+                    Self::unorder(&mut self.order, &mut self.freed, record.state);
                     tally.expired += 1;
                 }
             }
@@ -612,18 +768,21 @@ impl Shard {
                     State::Free => {}
                 }
                 if options.crashes > 0 && crashes >= options.crashes {
-                    Self::unorder(&mut self.order, &mut self.freed, record);
+                    Self::unorder(&mut self.order, &mut self.freed, record.state);
                     let before = record.heap();
+                    let stamp = Self::stamp(&mut self.last_stamp, now);
                     record.state = State::Poisoned;
                     record.crashes = crashes;
                     record.set_payload(&[]);
                     record.expires = keep;
+                    record.at = stamp;
                     self.heap = self.heap + record.heap() - before;
-                    let done = Done {
+                    let entry = Entry {
+                        stamp,
                         hash,
                         expires: keep,
                     };
-                    record.at = Self::order_now(&mut self.order, &mut self.last_stamp, now, done);
+                    self.push_entry(op, true, entry);
                     return Ok(Claimed::Poisoned {
                         crashes,
                         first: true,
@@ -639,7 +798,7 @@ impl Shard {
             (fresh.generation, fresh.crashes) = (generation, crashes);
             let old = std::mem::replace(record, fresh);
             self.heap = self.heap + record.heap() - old.heap();
-            Self::unorder(&mut self.order, &mut self.freed, &old);
+            Self::unorder(&mut self.order, &mut self.freed, old.state);
             return Ok(Claimed::Acquired {
                 generation,
                 crashes,
@@ -685,29 +844,29 @@ impl Shard {
         result: &[u8],
         expires: u64,
     ) -> Result<(), Error> {
-        let (key, hash, now, limits) = (op.key, op.hash, op.now, &op.limits);
-        let tally = &mut op.tally;
-        let stamp = now.max(self.last_stamp + 1);
+        let (key, hash, now) = (op.key, op.hash, op.now);
         let record = self
             .table
             .find_mut(hash, |r| r.is(hash, key))
             .filter(|r| r.held_by(token, now))
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
+        let stamp = Self::stamp(&mut self.last_stamp, now);
         record.set_payload(result);
         record.state = State::Completed;
         record.expires = expires;
         record.at = stamp;
         self.heap = self.heap + record.heap() - before;
-        self.last_stamp = stamp;
-        self.order.insert(stamp, Done { hash, expires });
+        let entry = Entry {
+            stamp,
+            hash,
+            expires,
+        };
+        self.push_entry(op, true, entry);
         // The result is kept whatever the room; older records make room for it if they can.
-        while !self.fits(limits, 0, false)
-            && self
-                .order
-                .first_key_value()
-                .is_some_and(|(&s, _)| s != stamp)
-            && self.give_up_oldest(limits.min_retention, now, tally)
+        while !self.fits(&op.limits, 0, false)
+            && self.order.front().is_some_and(|e| e.stamp != stamp)
+            && self.give_up_oldest(op.limits.min_retention, now, &mut op.tally)
         {}
         Ok(())
     }
@@ -724,7 +883,7 @@ impl Shard {
     }
 
     /// Frees the key, keeping its generation and crash count until the claim's TTL.
-    fn release(&mut self, op: &Op<'_>, token: &str) {
+    fn release(&mut self, op: &mut Op<'_>, token: &str) {
         let Some(record) = self
             .table
             .find_mut(op.hash, |r| r.is(op.hash, op.key))
@@ -733,14 +892,18 @@ impl Shard {
             return;
         };
         let before = record.heap();
+        let stamp = Self::stamp(&mut self.last_stamp, op.now);
         record.state = State::Free;
         record.set_payload(&[]);
+        record.at = stamp;
+        let expires = record.expires;
         self.heap = self.heap + record.heap() - before;
-        let done = Done {
+        let entry = Entry {
+            stamp,
             hash: op.hash,
-            expires: record.expires,
+            expires,
         };
-        record.at = Self::order_now(&mut self.freed, &mut self.last_stamp, op.now, done);
+        self.push_entry(op, false, entry);
     }
 }
 
@@ -1444,6 +1607,58 @@ mod tests {
             s.claim_counted(K, "d", &options).unwrap(),
             Claimed::Acquired { crashes: 0, .. }
         ));
+    }
+
+    /// Entries in each shard's two orders, and records in all.
+    fn entries(s: &MemoryStore) -> (usize, usize, usize) {
+        s.inner.shards.iter().fold((0, 0, 0), |(o, f, r), shard| {
+            let shard = lock(shard);
+            (
+                o + shard.order.ring.len(),
+                f + shard.freed.ring.len(),
+                r + shard.table.len(),
+            )
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_released_and_claimed_again_leaves_few_stale_entries() {
+        let s = MemoryStore::new();
+        for i in 0..10_000 {
+            assert_eq!(claim(&s, K, &format!("t{i}")), Claim::Acquired);
+            s.release(K, &format!("t{i}")).await.unwrap();
+        }
+        let (order, freed, records) = entries(&s);
+        assert_eq!((order, records), (0, 1));
+        assert!(freed <= 100, "{freed} entries in the released keys' order");
+        assert_eq!(claim(&s, K, "last"), Claim::Acquired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_that_expire_behind_a_longer_lived_one_leave_few_stale_entries() {
+        let s = MemoryStore::new();
+        // The oldest records of every shard live a day; those after them a millisecond, and
+        // the sweep drops them from behind the long-lived ones.
+        fill(&s, "long", 256, Duration::from_secs(24 * 3600)).await;
+        for round in 0..200 {
+            fill(&s, &format!("short{round}."), 100, Duration::from_millis(1)).await;
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        let (order, _, records) = entries(&s);
+        assert!(
+            order <= 2 * records + SHARDS * 64,
+            "{order} entries in the completion orders for {records} records"
+        );
+        for i in 0..256 {
+            let key = format!("long{i}");
+            assert_eq!(
+                s.completed(StoreKey {
+                    scope: "s",
+                    key: &key
+                }),
+                Some(vec![7; 100])
+            );
+        }
     }
 
     #[test]
