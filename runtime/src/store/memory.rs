@@ -30,7 +30,7 @@ use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -148,7 +148,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-                hasher: RandomState::new(),
+                hasher: SipKeys::random(),
                 epoch: Instant::now(),
                 limits,
                 max_bytes: self.max_bytes,
@@ -193,7 +193,7 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     /// Hashes each `(scope, key)` once per operation: the hash picks the shard and is the one
     /// the shard's table files the record under.
-    hasher: RandomState,
+    hasher: SipKeys,
     /// Times are kept as nanoseconds since this instant.
     epoch: Instant,
     limits: Limits,
@@ -907,6 +907,112 @@ impl Shard {
     }
 }
 
+/// The keys of the store's SipHash-1-3: the hash `std`'s `RandomState` computes, with keys as
+/// unpredictable as its own, written out so that the scope and the key go through it in one
+/// pass (`std`'s `Hasher::write` pays for each call, and for the bytes left over between calls).
+#[derive(Clone, Copy)]
+struct SipKeys {
+    k0: u64,
+    k1: u64,
+}
+
+impl SipKeys {
+    /// Two words from a `RandomState`, itself keyed from the operating system's randomness.
+    fn random() -> Self {
+        let state = RandomState::new();
+        SipKeys {
+            k0: state.hash_one(0x6a6f_6267_7561_7264_u64),
+            k1: state.hash_one(0x6d65_6d6f_7279_u64),
+        }
+    }
+
+    /// SipHash-1-3 of `a` then `b`.
+    fn hash(&self, a: &[u8], b: &[u8]) -> u64 {
+        siphash::<1, 3>(self.k0, self.k1, [a, b])
+    }
+}
+
+/// SipHash-`C`-`D` with keys `k0`, `k1` of the concatenation of `parts`.
+#[inline]
+fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) -> u64 {
+    #[inline(always)]
+    fn round(v: &mut [u64; 4]) {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    }
+    #[inline(always)]
+    fn compress<const C: usize>(v: &mut [u64; 4], m: u64) {
+        v[3] ^= m;
+        for _ in 0..C {
+            round(v);
+        }
+        v[0] ^= m;
+    }
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    let [a, b] = parts;
+    let len = a.len() + b.len();
+    let mut tail = 0u64;
+    if len < 64 {
+        // Short (the usual case): both parts in one zero-padded buffer, read a word at a time.
+        let mut buf = [0u8; 64];
+        buf[..a.len()].copy_from_slice(a);
+        buf[a.len()..len].copy_from_slice(b);
+        let (words, rest) = buf.split_at(len / 8 * 8);
+        for word in words.chunks_exact(8) {
+            compress::<C>(&mut v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+        }
+        tail = u64::from_le_bytes(rest[..8].try_into().unwrap_or([0; 8]));
+    } else {
+        // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`.
+        let mut ntail = 0usize;
+        for part in parts {
+            let mut bytes = part;
+            if ntail > 0 {
+                while ntail < 8 {
+                    let Some((&byte, rest)) = bytes.split_first() else {
+                        break;
+                    };
+                    tail |= u64::from(byte) << (8 * ntail);
+                    ntail += 1;
+                    bytes = rest;
+                }
+                if ntail < 8 {
+                    continue;
+                }
+                compress::<C>(&mut v, tail);
+                (tail, ntail) = (0, 0);
+            }
+            let mut words = bytes.chunks_exact(8);
+            for word in &mut words {
+                compress::<C>(&mut v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+            }
+            for (i, &byte) in words.remainder().iter().enumerate() {
+                tail |= u64::from(byte) << (8 * i);
+            }
+            ntail = words.remainder().len();
+        }
+    }
+    compress::<C>(&mut v, tail | ((len as u64) << 56));
+    v[2] ^= 0xff;
+    for _ in 0..D {
+        round(&mut v);
+    }
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -985,13 +1091,13 @@ impl MemoryStore {
     /// hash, which the shard's table leaves alone (it places a record by the low bits and tags
     /// it with the top seven), so the records of one shard still spread over its whole table.
     fn locate(&self, key: StoreKey<'_>) -> (u64, &Mutex<Shard>) {
-        // The scope's bytes, then the key's, in two writes (SipHash pays for each write): pairs
-        // that spell the same bytes, such as `("ab", "c")` and `("a", "bc")`, share a hash and
-        // are told apart by the comparison of both parts.
-        let mut hasher = self.inner.hasher.build_hasher();
-        hasher.write(key.scope.as_bytes());
-        hasher.write(key.key.as_bytes());
-        let hash = hasher.finish();
+        // The scope's bytes, then the key's: pairs that spell the same bytes, such as
+        // `("ab", "c")` and `("a", "bc")`, share a hash and are told apart by the comparison
+        // of both parts.
+        let hash = self
+            .inner
+            .hasher
+            .hash(key.scope.as_bytes(), key.key.as_bytes());
         (hash, &self.inner.shards[(hash >> 32) as usize % SHARDS])
     }
 
@@ -1659,6 +1765,30 @@ mod tests {
                 Some(vec![7; 100])
             );
         }
+    }
+
+    #[test]
+    #[allow(deprecated)] // `SipHasher` is SipHash-2-4: the reference for the rounds.
+    fn siphash_is_siphash_however_the_bytes_are_split() {
+        use std::hash::{Hasher, SipHasher};
+        let bytes: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
+        let (k0, k1) = (0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        for len in 0..bytes.len() {
+            let whole = &bytes[..len];
+            let mut reference = SipHasher::new_with_keys(k0, k1);
+            reference.write(whole);
+            let expected = reference.finish();
+            for cut in 0..=len {
+                let (a, b) = whole.split_at(cut);
+                assert_eq!(siphash::<2, 4>(k0, k1, [a, b]), expected, "{len} split at {cut}");
+            }
+        }
+        // The reference vector of the SipHash paper: 15 bytes 00..0e under keys 00..0f.
+        let fifteen: Vec<u8> = (0..15).collect();
+        assert_eq!(siphash::<2, 4>(k0, k1, [&fifteen, &[]]), 0xa129_ca61_49be_45e5);
+        let keys = SipKeys::random();
+        assert_eq!(keys.hash(b"ab", b"c"), keys.hash(b"a", b"bc"));
+        assert_ne!(keys.hash(b"ab", b"c"), keys.hash(b"ab", b"d"));
     }
 
     #[test]
