@@ -270,13 +270,13 @@ impl Order {
 
     /// The oldest entry, live or stale.
     fn front(&mut self) -> Option<Entry> {
-        if let Some((0, next)) = self.compacting {
-            if next > 0 {
-                // Nothing kept yet: the gap is the front. (Entries are `Copy`: dropping a prefix
-                // of a `VecDeque` moves its head, not the rest.)
-                self.ring.drain(..next);
-                self.compacting = Some((0, 0));
-            }
+        if let Some((0, next)) = self.compacting
+            && next > 0
+        {
+            // Nothing kept yet: the gap is the front. (Entries are `Copy`: dropping a prefix of
+            // a `VecDeque` moves its head, not the rest.)
+            self.ring.drain(..next);
+            self.compacting = Some((0, 0));
         }
         self.ring.front().copied()
     }
@@ -397,8 +397,7 @@ impl Record {
                 .ok_or_else(too_long)?,
             None => NO_FINGERPRINT,
         };
-        let mut data =
-            Vec::with_capacity(key.scope.len() + key.key.len() + fp.len() + token.len());
+        let mut data = Vec::with_capacity(key.scope.len() + key.key.len() + fp.len() + token.len());
         data.extend_from_slice(key.scope.as_bytes());
         data.extend_from_slice(key.key.as_bytes());
         data.extend_from_slice(fp.as_bytes());
@@ -554,8 +553,7 @@ impl Shard {
     /// fits: appending to a full ring doubles it.
     fn entry_fits(&self, limits: &Limits, order: bool) -> bool {
         let ring = if order { &self.order } else { &self.freed };
-        !ring.grows()
-            || self.bytes() + ring.bytes().max(4 * size_of::<Entry>()) <= limits.max_bytes
+        !ring.grows() || self.bytes() + ring.bytes().max(4 * size_of::<Entry>()) <= limits.max_bytes
     }
 
     /// Gives up completed records, oldest first and never one younger than the floor, until
@@ -972,7 +970,10 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         buf[a.len()..len].copy_from_slice(b);
         let (words, rest) = buf.split_at(len / 8 * 8);
         for word in words.chunks_exact(8) {
-            compress::<C>(&mut v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+            compress::<C>(
+                &mut v,
+                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+            );
         }
         tail = u64::from_le_bytes(rest[..8].try_into().unwrap_or([0; 8]));
     } else {
@@ -993,11 +994,14 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
                     continue;
                 }
                 compress::<C>(&mut v, tail);
-                (tail, ntail) = (0, 0);
+                tail = 0;
             }
             let mut words = bytes.chunks_exact(8);
             for word in &mut words {
-                compress::<C>(&mut v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+                compress::<C>(
+                    &mut v,
+                    u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+                );
             }
             for (i, &byte) in words.remainder().iter().enumerate() {
                 tail |= u64::from(byte) << (8 * i);
@@ -1780,12 +1784,19 @@ mod tests {
             let expected = reference.finish();
             for cut in 0..=len {
                 let (a, b) = whole.split_at(cut);
-                assert_eq!(siphash::<2, 4>(k0, k1, [a, b]), expected, "{len} split at {cut}");
+                assert_eq!(
+                    siphash::<2, 4>(k0, k1, [a, b]),
+                    expected,
+                    "{len} split at {cut}"
+                );
             }
         }
         // The reference vector of the SipHash paper: 15 bytes 00..0e under keys 00..0f.
         let fifteen: Vec<u8> = (0..15).collect();
-        assert_eq!(siphash::<2, 4>(k0, k1, [&fifteen, &[]]), 0xa129_ca61_49be_45e5);
+        assert_eq!(
+            siphash::<2, 4>(k0, k1, [&fifteen, &[]]),
+            0xa129_ca61_49be_45e5
+        );
         let keys = SipKeys::random();
         assert_eq!(keys.hash(b"ab", b"c"), keys.hash(b"a", b"bc"));
         assert_ne!(keys.hash(b"ab", b"c"), keys.hash(b"ab", b"d"));
