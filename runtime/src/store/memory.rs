@@ -5,10 +5,11 @@
 //! A [`MemoryStore`] keeps every live claim for its lease and every completed record for its TTL,
 //! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
-//! allocated, each record's key, token and stored result as the allocator hands them out, and
-//! the entry that orders completed records by age. A small job (a 12-byte scope, a 20-byte key,
-//! a 60-byte result) costs about 300 bytes (330 with the table's headroom for growth), so the
-//! default bound holds about 800,000 of them; [`MemoryStore::stats`] says what it holds now.
+//! allocated, each record's key, token and stored result as the allocator hands them out (one
+//! allocation a record), and the rings that order records by age, as allocated. A small job (a
+//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 250 bytes (up to 290 while the
+//! table has room to grow into), so the default bound holds about a million of them;
+//! [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records, then gives up the **oldest
 //! completed records first**, before their TTL. It never gives up a live claim, and never a
@@ -21,10 +22,11 @@
 //! with [`Error::Store`].
 //!
 //! Expired records are dropped a few at a time, by the claims that add records: each drops up to
-//! four expired records from the old end of its shard's completion order and looks at one more
-//! bucket of its shard's table (a lapsed claim, a record with a shorter TTL than older ones), so
-//! no operation holds a lock for long, however many records expire at once. A claim that finds
-//! no room looks at up to 256 buckets before it gives up.
+//! four expired records from the old end of its shard's completion order (and four from its
+//! order of released keys) and looks at one more bucket of its shard's table (a lapsed claim, a
+//! record with a shorter TTL than older ones), so no operation holds a lock for long, however
+//! many records expire at once. A claim that finds no room looks at up to 256 buckets before it
+//! gives up.
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
