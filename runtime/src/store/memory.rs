@@ -56,7 +56,7 @@ const SWEEP_MORE: usize = 256;
 const EXPIRE_STEP: usize = 4;
 /// Records one operation gives up at most to make room for one record.
 const MAX_EVICTIONS: usize = 64;
-/// Entries of the orders a claim that adds a record looks at when stale entries are many.
+/// Entries of an order a compaction looks at for each entry appended to it.
 const COMPACT_STEP: usize = 8;
 /// Stale entries one attempt to give a record up skips at most.
 const STALE_SKIP: usize = 64;
@@ -248,7 +248,7 @@ struct Entry {
 /// sweep or claimed again, a released key claimed again) leaves its entry behind, *stale*: it is
 /// known by its record no longer holding its stamp, and skipped when it reaches the front. When
 /// stale entries are half the ring, a compaction walks it in place, [`COMPACT_STEP`] entries per
-/// claim, so that they never hold more than about as much memory as the live ones.
+/// entry appended, so that they never hold more than about as much memory as the live ones.
 #[derive(Default)]
 struct Order {
     ring: VecDeque<Entry>,
