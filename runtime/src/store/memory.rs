@@ -5,10 +5,11 @@
 //! A [`MemoryStore`] keeps every live claim for its lease and every completed record for its TTL,
 //! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
-//! allocated, each record's key, token and stored result as the allocator hands them out, and
-//! the entry that orders completed records by age. A small job (a 12-byte scope, a 20-byte key,
-//! a 60-byte result) costs about 300 bytes (330 with the table's headroom for growth), so the
-//! default bound holds about 800,000 of them; [`MemoryStore::stats`] says what it holds now.
+//! allocated, each record's key, token and stored result as the allocator hands them out (one
+//! allocation a record), and the rings that order records by age, as allocated. A small job (a
+//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 250 bytes (up to 290 while the
+//! table has room to grow into), so the default bound holds about a million of them;
+//! [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records, then gives up the **oldest
 //! completed records first**, before their TTL. It never gives up a live claim, and never a
@@ -21,18 +22,21 @@
 //! with [`Error::Store`].
 //!
 //! Expired records are dropped a few at a time, by the claims that add records: each drops up to
-//! four expired records from the old end of its shard's completion order and looks at one more
-//! bucket of its shard's table (a lapsed claim, a record with a shorter TTL than older ones), so
-//! no operation holds a lock for long, however many records expire at once. A claim that finds
-//! no room looks at up to 256 buckets before it gives up.
+//! four expired records from the old end of its shard's completion order (and four from its
+//! order of released keys) and looks at one more bucket of its shard's table (a lapsed claim, a
+//! record with a shorter TTL than older ones), so no operation holds a lock for long, however
+//! many records expire at once. A claim that finds no room looks at up to 256 buckets before it
+//! gives up.
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -52,9 +56,10 @@ const SWEEP_MORE: usize = 256;
 const EXPIRE_STEP: usize = 4;
 /// Records one operation gives up at most to make room for one record.
 const MAX_EVICTIONS: usize = 64;
-/// The bytes counted for each completed record's place in the order of completion: a B-tree
-/// entry of 24 bytes in nodes about half full, rounded up.
-const ORDER_ENTRY_BYTES: usize = 48;
+/// Entries of an order a compaction looks at for each entry appended to it.
+const COMPACT_STEP: usize = 8;
+/// Stale entries one attempt to give a record up skips at most.
+const STALE_SKIP: usize = 64;
 /// How often, at most, the store logs that it gives records up.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
@@ -145,12 +150,10 @@ impl MemoryStoreBuilder {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-                hasher: RandomState::new(),
+                hasher: SipKeys::random(),
                 epoch: Instant::now(),
                 limits,
                 max_bytes: self.max_bytes,
-                evicted: AtomicU64::new(0),
-                expired: AtomicU64::new(0),
                 warned_at: AtomicU64::new(NEVER),
                 warned_evicted: AtomicU64::new(0),
                 #[cfg(feature = "metrics")]
@@ -192,16 +195,14 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     /// Hashes each `(scope, key)` once per operation: the hash picks the shard and is the one
     /// the shard's table files the record under.
-    hasher: RandomState,
+    hasher: SipKeys,
     /// Times are kept as nanoseconds since this instant.
     epoch: Instant,
     limits: Limits,
     max_bytes: usize,
-    evicted: AtomicU64,
-    expired: AtomicU64,
     /// When the last warning about evictions was logged, or [`NEVER`].
     warned_at: AtomicU64,
-    /// [`Inner::evicted`] as the last warning reported it.
+    /// [`MemoryStats::evicted`] as the last warning reported it.
     warned_evicted: AtomicU64,
     /// The bytes last added to the `metrics` gauge, and when evictions may next report them.
     #[cfg(feature = "metrics")]
@@ -214,24 +215,129 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     table: HashTable<Record>,
-    /// Completed records, oldest first: completion stamp → where to find the record.
-    order: BTreeMap<u64, Done>,
+    /// Completed and poisoned records, oldest first.
+    order: Order,
     /// Released keys' records (their generation and crash count), oldest first: the first to
     /// go when room is short, floor or not.
-    freed: BTreeMap<u64, Done>,
+    freed: Order,
     /// The records' heap allocations, in bytes (see [`heap_bytes`]).
     heap: usize,
     /// The next bucket the expiry sweep looks at.
     cursor: usize,
     /// The last completion stamp handed out: stamps are unique and increasing.
     last_stamp: u64,
+    /// Records this shard gave up for room, and dropped as expired: counted under its lock,
+    /// which the operation holds anyway, rather than in an atomic every operation would write.
+    evicted: u64,
+    expired: u64,
 }
 
-/// A completed, released or poisoned record's entry in [`Shard::order`].
+/// A completed, released or poisoned record's place in an [`Order`].
 #[derive(Clone, Copy)]
-struct Done {
+struct Entry {
+    /// The record's stamp: [`Record::at`] while the record holds this place.
+    stamp: u64,
     hash: u64,
     expires: u64,
+}
+
+/// Records in the order they were stamped, oldest first: a ring, so that a completion appends
+/// and the oldest comes off the front, each in constant time.
+///
+/// A record that leaves the order other than from the front (an expired record dropped by the
+/// sweep or claimed again, a released key claimed again) leaves its entry behind, *stale*: it is
+/// known by its record no longer holding its stamp, and skipped when it reaches the front. When
+/// stale entries are half the ring, a compaction walks it in place, [`COMPACT_STEP`] entries per
+/// entry appended, so that they never hold more than about as much memory as the live ones.
+#[derive(Default)]
+struct Order {
+    ring: VecDeque<Entry>,
+    /// Stale entries among those in the ring (not counting a compaction's gap).
+    stale: usize,
+    /// A compaction under way, `(kept, next)`: the entries before `kept` were kept, those from
+    /// `kept` to `next` are a gap left by it, those from `next` on are not looked at yet.
+    compacting: Option<(usize, usize)>,
+}
+
+impl Order {
+    /// Bytes the ring takes.
+    fn bytes(&self) -> usize {
+        self.ring.capacity() * size_of::<Entry>()
+    }
+
+    /// Whether appending an entry makes the ring grow: it doubles.
+    fn grows(&self) -> bool {
+        self.ring.len() == self.ring.capacity()
+    }
+
+    /// The oldest entry, live or stale.
+    fn front(&mut self) -> Option<Entry> {
+        if let Some((0, next)) = self.compacting
+            && next > 0
+        {
+            // Nothing kept yet: the gap is the front. (Entries are `Copy`: dropping a prefix of
+            // a `VecDeque` moves its head, not the rest.)
+            self.ring.drain(..next);
+            self.compacting = Some((0, 0));
+        }
+        self.ring.front().copied()
+    }
+
+    /// Drops the entry [`Order::front`] returned.
+    fn pop_front(&mut self) {
+        self.ring.pop_front();
+        if let Some((kept, next)) = &mut self.compacting {
+            *kept = kept.saturating_sub(1);
+            *next = next.saturating_sub(1);
+        }
+    }
+
+    /// Appends `entry`, the youngest.
+    fn push(&mut self, entry: Entry) {
+        self.ring.push_back(entry);
+    }
+
+    /// Notes that a record left the order other than from the front.
+    fn forget(&mut self) {
+        self.stale += 1;
+    }
+
+    /// Starts a compaction when stale entries are half the ring, and continues one for up to
+    /// `steps` entries: each is looked up in `table`, kept if its record still holds its stamp,
+    /// dropped if not.
+    fn compact_some(&mut self, table: &HashTable<Record>, steps: usize) {
+        if self.compacting.is_none() {
+            if self.stale < 32 || self.stale * 2 < self.ring.len() {
+                return;
+            }
+            self.compacting = Some((0, 0));
+        }
+        let Some((mut kept, mut next)) = self.compacting else {
+            return;
+        };
+        for _ in 0..steps {
+            let Some(&entry) = self.ring.get(next) else {
+                self.ring.truncate(kept);
+                self.compacting = None;
+                return;
+            };
+            next += 1;
+            if holds(table, entry) {
+                self.ring[kept] = entry;
+                kept += 1;
+            } else {
+                self.stale = self.stale.saturating_sub(1);
+            }
+        }
+        self.compacting = Some((kept, next));
+    }
+}
+
+/// Whether `entry`'s record is in `table` and still holds the entry's stamp.
+fn holds(table: &HashTable<Record>, entry: Entry) -> bool {
+    table
+        .find(entry.hash, |r| r.ordered() && r.at == entry.stamp)
+        .is_some()
 }
 
 /// What a record holds.
@@ -250,13 +356,15 @@ enum State {
 /// One `(scope, key)`'s record.
 struct Record {
     hash: u64,
-    /// The scope, the key, then the fingerprint, in one allocation.
-    id: Box<str>,
+    /// The scope, the key, the fingerprint, then the payload, in one allocation: the claim's
+    /// token while claimed, the stored result once completed, nothing otherwise.
+    data: Box<[u8]>,
     scope_len: u32,
     key_len: u32,
+    /// The fingerprint's length, or [`NO_FINGERPRINT`].
+    fp_len: u32,
     /// Abandoned claims counted.
     crashes: u32,
-    fingerprinted: bool,
     state: State,
     /// Nanoseconds since the epoch: when the record is dropped (a claim's TTL from its claim, a
     /// completed record's from its completion).
@@ -265,9 +373,10 @@ struct Record {
     at: u64,
     /// The claim's number among the key's claims, from 1.
     generation: u64,
-    /// The claim's token while claimed, the stored result once completed, nothing otherwise.
-    payload: Box<[u8]>,
 }
+
+/// [`Record::fp_len`] of a record claimed without a fingerprint.
+const NO_FINGERPRINT: u32 = u32::MAX;
 
 impl Record {
     fn claimed(
@@ -278,42 +387,78 @@ impl Record {
         lease_end: u64,
         expires: u64,
     ) -> Result<Self, Error> {
-        let too_long = || Error::Store("memory store: scope or key longer than 4 GiB".into());
+        let too_long =
+            || Error::Store("memory store: scope, key or fingerprint longer than 4 GiB".into());
         let scope_len = u32::try_from(key.scope.len()).map_err(|_| too_long())?;
         let key_len = u32::try_from(key.key.len()).map_err(|_| too_long())?;
         let fp = fingerprint.unwrap_or("");
-        let mut id = String::with_capacity(key.scope.len() + key.key.len() + fp.len());
-        id.push_str(key.scope);
-        id.push_str(key.key);
-        id.push_str(fp);
+        let fp_len = match fingerprint {
+            Some(fp) => u32::try_from(fp.len())
+                .ok()
+                .filter(|&n| n != NO_FINGERPRINT)
+                .ok_or_else(too_long)?,
+            None => NO_FINGERPRINT,
+        };
+        let mut data = Vec::with_capacity(key.scope.len() + key.key.len() + fp.len() + token.len());
+        data.extend_from_slice(key.scope.as_bytes());
+        data.extend_from_slice(key.key.as_bytes());
+        data.extend_from_slice(fp.as_bytes());
+        data.extend_from_slice(token.as_bytes());
         Ok(Record {
             hash,
-            id: id.into_boxed_str(),
+            data: data.into_boxed_slice(),
             scope_len,
             key_len,
+            fp_len,
             crashes: 0,
-            fingerprinted: fingerprint.is_some(),
             state: State::Claimed,
             expires: expires.max(lease_end),
             at: lease_end,
             generation: 1,
-            payload: token.as_bytes().into(),
         })
     }
 
+    #[inline]
     fn is(&self, hash: u64, key: StoreKey<'_>) -> bool {
-        let (scope, rest) = self.id.split_at(self.scope_len as usize);
-        self.hash == hash && scope == key.scope && &rest[..self.key_len as usize] == key.key
+        let (scope, key) = (key.scope.as_bytes(), key.key.as_bytes());
+        self.hash == hash
+            && self.scope_len as usize == scope.len()
+            && self.key_len as usize == key.len()
+            && self.data.get(..scope.len()) == Some(scope)
+            && self.data.get(scope.len()..scope.len() + key.len()) == Some(key)
     }
 
-    fn fingerprint(&self) -> Option<&str> {
+    fn fingerprint(&self) -> Option<&[u8]> {
         let at = self.scope_len as usize + self.key_len as usize;
-        self.fingerprinted.then(|| &self.id[at..])
+        (self.fp_len != NO_FINGERPRINT).then(|| &self.data[at..at + self.fp_len as usize])
+    }
+
+    /// Where the payload starts in [`Record::data`].
+    fn prefix(&self) -> usize {
+        let fp = if self.fp_len == NO_FINGERPRINT {
+            0
+        } else {
+            self.fp_len as usize
+        };
+        self.scope_len as usize + self.key_len as usize + fp
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.data[self.prefix()..]
+    }
+
+    /// Replaces the payload: a new allocation of the prefix and `payload`, the old one freed.
+    fn set_payload(&mut self, payload: &[u8]) {
+        let prefix = self.prefix();
+        let mut data = Vec::with_capacity(prefix + payload.len());
+        data.extend_from_slice(&self.data[..prefix]);
+        data.extend_from_slice(payload);
+        self.data = data.into_boxed_slice();
     }
 
     /// `token` holds a live claim on this record.
     fn held_by(&self, token: &str, now: u64) -> bool {
-        self.live_claim(now) && *self.payload == *token.as_bytes()
+        self.live_claim(now) && self.payload() == token.as_bytes()
     }
 
     /// A claim whose lease has not ended.
@@ -327,7 +472,7 @@ impl Record {
     }
 
     fn heap(&self) -> usize {
-        heap_bytes(self.id.len()) + heap_bytes(self.payload.len())
+        heap_bytes(self.data.len())
     }
 }
 
@@ -375,7 +520,7 @@ impl Tally {
 impl Shard {
     /// Bytes counted against the bound.
     fn bytes(&self) -> usize {
-        self.table.allocation_size() + self.heap + self.ordered() * ORDER_ENTRY_BYTES
+        self.table.allocation_size() + self.heap + self.order.bytes() + self.freed.bytes()
     }
 
     /// Whether the table doubles on the next insert: it has no room left, and too few of its
@@ -403,7 +548,14 @@ impl Shard {
                 table = (2 * table).max(4 * (size_of::<Record>() + 1) + 16);
             }
         }
-        table + self.heap + heap + self.ordered() * ORDER_ENTRY_BYTES <= limits.max_bytes
+        table + self.heap + heap + self.order.bytes() + self.freed.bytes() <= limits.max_bytes
+    }
+
+    /// Whether an entry appended to `order` (the completion order, else the released keys')
+    /// fits: appending to a full ring doubles it.
+    fn entry_fits(&self, limits: &Limits, order: bool) -> bool {
+        let ring = if order { &self.order } else { &self.freed };
+        !ring.grows() || self.bytes() + ring.bytes().max(4 * size_of::<Entry>()) <= limits.max_bytes
     }
 
     /// Gives up completed records, oldest first and never one younger than the floor, until
@@ -427,84 +579,130 @@ impl Shard {
         self.fits(limits, heap, adding)
     }
 
-    /// Entries in the two orders.
-    fn ordered(&self) -> usize {
-        self.order.len() + self.freed.len()
+    /// Appends `entry` to `order` (the completion order, else the released keys'), and moves
+    /// that order's compaction on. It first makes room if it can, so that the ring does not
+    /// double past the bound: like the table, a ring at the bound gives up its oldest entry
+    /// rather than grow.
+    fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
+        for _ in 0..MAX_EVICTIONS {
+            if self.entry_fits(&op.limits, order)
+                || !self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
+            {
+                break;
+            }
+        }
+        let ring = if order {
+            &mut self.order
+        } else {
+            &mut self.freed
+        };
+        ring.push(entry);
+        ring.compact_some(&self.table, COMPACT_STEP);
     }
 
     /// Drops the oldest released key's record, else the oldest completed record if it expired
-    /// or is older than `floor`.
+    /// or is older than `floor`. Stale entries at the front are dropped on the way (up to
+    /// [`STALE_SKIP`] a call).
     fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
-        if let Some((stamp, done)) = self.freed.pop_first() {
-            // A released key's history is given up quietly: no job's result is forgotten.
-            self.remove_ordered(done.hash, stamp);
-            tally.expired += 1;
+        for _ in 0..STALE_SKIP {
+            let Some(entry) = self.freed.front() else {
+                break;
+            };
+            self.freed.pop_front();
+            if self.remove_ordered(entry) {
+                // A released key's history is given up quietly: no job's result is forgotten.
+                tally.expired += 1;
+                return true;
+            }
+            self.freed.stale = self.freed.stale.saturating_sub(1);
+        }
+        self.give_up_first(floor, now, tally)
+    }
+
+    /// Drops the oldest completed record if it expired or is older than `floor`, and the stale
+    /// entries before it (up to [`STALE_SKIP`]). `true` when it dropped anything.
+    fn give_up_first(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
+        let mut dropped = false;
+        for _ in 0..STALE_SKIP {
+            let Some(entry) = self.order.front() else {
+                return dropped;
+            };
+            let Ok(found) = self
+                .table
+                .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
+            else {
+                self.order.pop_front();
+                self.order.stale = self.order.stale.saturating_sub(1);
+                dropped = true;
+                continue;
+            };
+            let expired = entry.expires <= now;
+            let age = now.saturating_sub(entry.stamp);
+            if !expired && age < floor {
+                return dropped;
+            }
+            let (record, _) = found.remove();
+            self.heap -= record.heap();
+            self.order.pop_front();
+            if expired {
+                tally.expired += 1;
+            } else {
+                tally.evicted(age);
+            }
             return true;
         }
-        let Some((&stamp, &done)) = self.order.first_key_value() else {
-            return false;
-        };
-        let expired = done.expires <= now;
-        let age = now.saturating_sub(stamp);
-        if !expired && age < floor {
-            return false;
-        }
-        self.order.pop_first();
-        self.remove_ordered(done.hash, stamp);
-        if expired {
-            tally.expired += 1;
-        } else {
-            tally.evicted(age);
-        }
-        true
+        dropped
     }
 
-    /// Takes `record`'s entry out of its order.
-    fn unorder(order: &mut BTreeMap<u64, Done>, freed: &mut BTreeMap<u64, Done>, record: &Record) {
-        match record.state {
+    /// Notes that a record in `state` left its order other than from the front.
+    fn unorder(order: &mut Order, freed: &mut Order, state: State) {
+        match state {
             State::Claimed => {}
-            State::Free => {
-                freed.remove(&record.at);
-            }
-            State::Completed | State::Poisoned => {
-                order.remove(&record.at);
-            }
+            State::Free => freed.forget(),
+            State::Completed | State::Poisoned => order.forget(),
         }
     }
 
-    fn remove_ordered(&mut self, hash: u64, stamp: u64) {
-        if let Ok(entry) = self
+    /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
+    fn remove_ordered(&mut self, entry: Entry) -> bool {
+        match self
             .table
-            .find_entry(hash, |r| r.ordered() && r.at == stamp)
+            .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
         {
-            let (record, _) = entry.remove();
-            self.heap -= record.heap();
+            Ok(found) => {
+                let (record, _) = found.remove();
+                self.heap -= record.heap();
+                true
+            }
+            Err(_) => false,
         }
     }
 
-    /// Puts a record just made [`ordered`](Record::ordered) at the young end of the order, and
-    /// returns its stamp.
-    fn order_now(
-        order: &mut BTreeMap<u64, Done>,
-        last_stamp: &mut u64,
-        now: u64,
-        done: Done,
-    ) -> u64 {
+    /// The next stamp: unique and increasing, `now` when it can be.
+    fn stamp(last_stamp: &mut u64, now: u64) -> u64 {
         let stamp = now.max(*last_stamp + 1);
         *last_stamp = stamp;
-        order.insert(stamp, done);
         stamp
     }
 
-    /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order, then
-    /// looks at `buckets` buckets of the table for any other expired record (a lapsed claim, a
-    /// record with a shorter TTL than older ones).
+    /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order (and
+    /// as many from the released keys'), then looks at `buckets` buckets of the table for any
+    /// other expired record (a lapsed claim, a record with a shorter TTL than older ones), and
+    /// moves a compaction of either order on.
     /// `pressed`: the shard is out of room, and abandoned claims (kept so the next claim can count
     /// them) go too.
     fn expire_some(&mut self, buckets: usize, now: u64, pressed: bool, tally: &mut Tally) {
         for _ in 0..EXPIRE_STEP {
-            match self.order.first_key_value() {
-                Some((_, done)) if done.expires <= now => {
+            match self.order.front() {
+                Some(entry) if entry.expires <= now => {
+                    self.give_up_first(u64::MAX, now, tally);
+                }
+                _ => break,
+            }
+        }
+        for _ in 0..EXPIRE_STEP {
+            match self.freed.front() {
+                Some(entry) if entry.expires <= now => {
                     self.give_up_oldest(u64::MAX, now, tally);
                 }
                 _ => break,
@@ -522,7 +720,7 @@ impl Shard {
                 if record.expires <= now || lapsed {
                     let (record, _) = entry.remove();
                     self.heap -= record.heap();
-                    Self::unorder(&mut self.order, &mut self.freed, &record);
+                    Self::unorder(&mut self.order, &mut self.freed, record.state);
                     tally.expired += 1;
                 }
             }
@@ -545,12 +743,12 @@ impl Shard {
             if record.expires > now {
                 let reused = matches!(
                     (record.fingerprint(), fingerprint),
-                    (Some(theirs), Some(ours)) if theirs != ours
+                    (Some(theirs), Some(ours)) if theirs != ours.as_bytes()
                 );
                 crashes = record.crashes;
                 match record.state {
                     State::Completed if reused => return Ok(Claimed::KeyReused),
-                    State::Completed => return Ok(Claimed::Completed(record.payload.to_vec())),
+                    State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
                     State::Poisoned => {
                         return Ok(Claimed::Poisoned {
                             crashes,
@@ -570,18 +768,21 @@ impl Shard {
                     State::Free => {}
                 }
                 if options.crashes > 0 && crashes >= options.crashes {
-                    Self::unorder(&mut self.order, &mut self.freed, record);
+                    Self::unorder(&mut self.order, &mut self.freed, record.state);
                     let before = record.heap();
+                    let stamp = Self::stamp(&mut self.last_stamp, now);
                     record.state = State::Poisoned;
                     record.crashes = crashes;
-                    record.payload = Box::default();
+                    record.set_payload(&[]);
                     record.expires = keep;
+                    record.at = stamp;
                     self.heap = self.heap + record.heap() - before;
-                    let done = Done {
+                    let entry = Entry {
+                        stamp,
                         hash,
                         expires: keep,
                     };
-                    record.at = Self::order_now(&mut self.order, &mut self.last_stamp, now, done);
+                    self.push_entry(op, true, entry);
                     return Ok(Claimed::Poisoned {
                         crashes,
                         first: true,
@@ -597,7 +798,7 @@ impl Shard {
             (fresh.generation, fresh.crashes) = (generation, crashes);
             let old = std::mem::replace(record, fresh);
             self.heap = self.heap + record.heap() - old.heap();
-            Self::unorder(&mut self.order, &mut self.freed, &old);
+            Self::unorder(&mut self.order, &mut self.freed, old.state);
             return Ok(Claimed::Acquired {
                 generation,
                 crashes,
@@ -643,29 +844,29 @@ impl Shard {
         result: &[u8],
         expires: u64,
     ) -> Result<(), Error> {
-        let (key, hash, now, limits) = (op.key, op.hash, op.now, &op.limits);
-        let tally = &mut op.tally;
-        let stamp = now.max(self.last_stamp + 1);
+        let (key, hash, now) = (op.key, op.hash, op.now);
         let record = self
             .table
             .find_mut(hash, |r| r.is(hash, key))
             .filter(|r| r.held_by(token, now))
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
-        record.payload = result.into();
+        let stamp = Self::stamp(&mut self.last_stamp, now);
+        record.set_payload(result);
         record.state = State::Completed;
         record.expires = expires;
         record.at = stamp;
         self.heap = self.heap + record.heap() - before;
-        self.last_stamp = stamp;
-        self.order.insert(stamp, Done { hash, expires });
+        let entry = Entry {
+            stamp,
+            hash,
+            expires,
+        };
+        self.push_entry(op, true, entry);
         // The result is kept whatever the room; older records make room for it if they can.
-        while !self.fits(limits, 0, false)
-            && self
-                .order
-                .first_key_value()
-                .is_some_and(|(&s, _)| s != stamp)
-            && self.give_up_oldest(limits.min_retention, now, tally)
+        while !self.fits(&op.limits, 0, false)
+            && self.order.front().is_some_and(|e| e.stamp != stamp)
+            && self.give_up_oldest(op.limits.min_retention, now, &mut op.tally)
         {}
         Ok(())
     }
@@ -682,7 +883,7 @@ impl Shard {
     }
 
     /// Frees the key, keeping its generation and crash count until the claim's TTL.
-    fn release(&mut self, op: &Op<'_>, token: &str) {
+    fn release(&mut self, op: &mut Op<'_>, token: &str) {
         let Some(record) = self
             .table
             .find_mut(op.hash, |r| r.is(op.hash, op.key))
@@ -691,15 +892,131 @@ impl Shard {
             return;
         };
         let before = record.heap();
+        let stamp = Self::stamp(&mut self.last_stamp, op.now);
         record.state = State::Free;
-        record.payload = Box::default();
+        record.set_payload(&[]);
+        record.at = stamp;
+        let expires = record.expires;
         self.heap = self.heap + record.heap() - before;
-        let done = Done {
+        let entry = Entry {
+            stamp,
             hash: op.hash,
-            expires: record.expires,
+            expires,
         };
-        record.at = Self::order_now(&mut self.freed, &mut self.last_stamp, op.now, done);
+        self.push_entry(op, false, entry);
     }
+}
+
+/// The keys of the store's SipHash-1-3: the hash `std`'s `RandomState` computes, with keys as
+/// unpredictable as its own, written out so that the scope and the key go through it in one
+/// pass (`std`'s `Hasher::write` pays for each call, and for the bytes left over between calls).
+#[derive(Clone, Copy)]
+struct SipKeys {
+    k0: u64,
+    k1: u64,
+}
+
+impl SipKeys {
+    /// Two words from a `RandomState`, itself keyed from the operating system's randomness.
+    fn random() -> Self {
+        let state = RandomState::new();
+        SipKeys {
+            k0: state.hash_one(0x6a6f_6267_7561_7264_u64),
+            k1: state.hash_one(0x6d65_6d6f_7279_u64),
+        }
+    }
+
+    /// SipHash-1-3 of `a` then `b`.
+    fn hash(&self, a: &[u8], b: &[u8]) -> u64 {
+        siphash::<1, 3>(self.k0, self.k1, [a, b])
+    }
+}
+
+/// SipHash-`C`-`D` with keys `k0`, `k1` of the concatenation of `parts`.
+#[inline]
+fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) -> u64 {
+    #[inline(always)]
+    fn round(v: &mut [u64; 4]) {
+        v[0] = v[0].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(13) ^ v[0];
+        v[0] = v[0].rotate_left(32);
+        v[2] = v[2].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(16) ^ v[2];
+        v[0] = v[0].wrapping_add(v[3]);
+        v[3] = v[3].rotate_left(21) ^ v[0];
+        v[2] = v[2].wrapping_add(v[1]);
+        v[1] = v[1].rotate_left(17) ^ v[2];
+        v[2] = v[2].rotate_left(32);
+    }
+    #[inline(always)]
+    fn compress<const C: usize>(v: &mut [u64; 4], m: u64) {
+        v[3] ^= m;
+        for _ in 0..C {
+            round(v);
+        }
+        v[0] ^= m;
+    }
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    let [a, b] = parts;
+    let len = a.len() + b.len();
+    let mut tail = 0u64;
+    if len < 64 {
+        // Short (the usual case): both parts in one zero-padded buffer, read a word at a time.
+        let mut buf = [0u8; 64];
+        buf[..a.len()].copy_from_slice(a);
+        buf[a.len()..len].copy_from_slice(b);
+        let (words, rest) = buf.split_at(len / 8 * 8);
+        for word in words.chunks_exact(8) {
+            compress::<C>(
+                &mut v,
+                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+            );
+        }
+        tail = u64::from_le_bytes(rest[..8].try_into().unwrap_or([0; 8]));
+    } else {
+        // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`.
+        let mut ntail = 0usize;
+        for part in parts {
+            let mut bytes = part;
+            if ntail > 0 {
+                while ntail < 8 {
+                    let Some((&byte, rest)) = bytes.split_first() else {
+                        break;
+                    };
+                    tail |= u64::from(byte) << (8 * ntail);
+                    ntail += 1;
+                    bytes = rest;
+                }
+                if ntail < 8 {
+                    continue;
+                }
+                compress::<C>(&mut v, tail);
+                tail = 0;
+            }
+            let mut words = bytes.chunks_exact(8);
+            for word in &mut words {
+                compress::<C>(
+                    &mut v,
+                    u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+                );
+            }
+            for (i, &byte) in words.remainder().iter().enumerate() {
+                tail |= u64::from(byte) << (8 * i);
+            }
+            ntail = words.remainder().len();
+        }
+    }
+    compress::<C>(&mut v, tail | ((len as u64) << 56));
+    v[2] ^= 0xff;
+    for _ in 0..D {
+        round(&mut v);
+    }
+    v[0] ^ v[1] ^ v[2] ^ v[3]
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -773,14 +1090,20 @@ impl MemoryStore {
             .table
             .find(hash, |r| r.is(hash, key))
             .filter(|r| r.state == State::Completed && r.expires > now)
-            .map(|r| r.payload.to_vec())
+            .map(|r| r.payload().to_vec())
     }
 
     /// `key`'s hash, computed once, and its shard. The shard is picked by bits 32–35 of the
     /// hash, which the shard's table leaves alone (it places a record by the low bits and tags
     /// it with the top seven), so the records of one shard still spread over its whole table.
     fn locate(&self, key: StoreKey<'_>) -> (u64, &Mutex<Shard>) {
-        let hash = self.inner.hasher.hash_one(key);
+        // The scope's bytes, then the key's: pairs that spell the same bytes, such as
+        // `("ab", "c")` and `("a", "bc")`, share a hash and are told apart by the comparison
+        // of both parts.
+        let hash = self
+            .inner
+            .hasher
+            .hash(key.scope.as_bytes(), key.key.as_bytes());
         (hash, &self.inner.shards[(hash >> 32) as usize % SHARDS])
     }
 
@@ -794,8 +1117,14 @@ impl MemoryStore {
             limits: self.inner.limits,
             tally: Tally::default(),
         };
-        let out = f(&mut lock(shard), &mut op);
-        self.inner.report(&op.tally, op.now);
+        let mut shard = lock(shard);
+        let out = f(&mut shard, &mut op);
+        shard.evicted += op.tally.evicted;
+        shard.expired += op.tally.expired;
+        drop(shard);
+        if op.tally.evicted > 0 {
+            self.inner.report_evictions(&op.tally, op.now);
+        }
         out
     }
 
@@ -822,10 +1151,14 @@ impl MemoryStore {
 
 impl Inner {
     fn stats(&self) -> MemoryStats {
-        let (records, bytes) = self.shards.iter().fold((0, 0), |(r, b), s| {
-            let s = lock(s);
-            (r + s.table.len(), b + s.bytes())
-        });
+        let (mut records, mut bytes, mut evicted, mut expired) = (0, 0, 0, 0);
+        for shard in &self.shards {
+            let shard = lock(shard);
+            records += shard.table.len();
+            bytes += shard.bytes();
+            evicted += shard.evicted;
+            expired += shard.expired;
+        }
         #[cfg(feature = "metrics")]
         {
             let before = self.gauge.swap(bytes as u64, Ordering::Relaxed);
@@ -838,24 +1171,13 @@ impl Inner {
             records,
             bytes,
             max_bytes: self.max_bytes,
-            evicted: self.evicted.load(Ordering::Relaxed),
-            expired: self.expired.load(Ordering::Relaxed),
+            evicted,
+            expired,
         }
     }
 
     fn now(&self) -> u64 {
         nanos(Instant::now().saturating_duration_since(self.epoch))
-    }
-
-    /// Counts what one operation dropped: expirations quietly, evictions out loud.
-    #[inline]
-    fn report(&self, tally: &Tally, now: u64) {
-        if tally.expired > 0 {
-            self.expired.fetch_add(tally.expired, Ordering::Relaxed);
-        }
-        if tally.evicted > 0 {
-            self.report_evictions(tally, now);
-        }
     }
 
     /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
@@ -878,7 +1200,6 @@ impl Inner {
     }
 
     fn report_evictions(&self, tally: &Tally, now: u64) {
-        let total = self.evicted.fetch_add(tally.evicted, Ordering::Relaxed) + tally.evicted;
         let (youngest, oldest) = (
             Duration::from_nanos(tally.youngest),
             Duration::from_nanos(tally.oldest),
@@ -900,7 +1221,8 @@ impl Inner {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let since = total - self.warned_evicted.swap(total, Ordering::Relaxed);
+            let total = self.shards.iter().map(|s| lock(s).evicted).sum::<u64>();
+            let since = total.saturating_sub(self.warned_evicted.swap(total, Ordering::Relaxed));
             crate::observe::log_warn(format_args!(
                 "jobguard: MemoryStore at its bound of {} bytes gave up {since} completed \
                  record(s) before their TTL (the latest {youngest:?} to {oldest:?} old; {total} \
@@ -928,6 +1250,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The future of a call that acquired a claim: ready, and of no size, so that boxing it as a
+/// [`StoreFuture`] allocates nothing.
+struct Acquired;
+
+impl std::future::Future for Acquired {
+    type Output = Result<Claim, Error>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(Claim::Acquired))
+    }
+}
+
+/// The future of a call that succeeded with nothing to return: ready, and of no size.
+struct Succeeded;
+
+impl std::future::Future for Succeeded {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// `result` as a [`StoreFuture`], allocating only for an error.
+fn done<'a>(result: Result<(), Error>) -> StoreFuture<'a, ()> {
+    match result {
+        Ok(()) => Box::pin(Succeeded),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    }
+}
+
 impl Store for MemoryStore {
     fn claim<'a>(
         &'a self,
@@ -936,12 +1289,10 @@ impl Store for MemoryStore {
         fingerprint: Option<&'a str>,
         lease: Duration,
     ) -> StoreFuture<'a, Claim> {
-        Box::pin(std::future::ready(self.claim_now(
-            key,
-            token,
-            fingerprint,
-            lease,
-        )))
+        match self.claim_now(key, token, fingerprint, lease) {
+            Ok(Claim::Acquired) => Box::pin(Acquired),
+            other => Box::pin(std::future::ready(other)),
+        }
     }
 
     fn claim_with<'a>(
@@ -960,16 +1311,15 @@ impl Store for MemoryStore {
         record: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| {
+        done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(ttl));
             shard.complete(op, token, record, expires)
-        });
-        Box::pin(std::future::ready(done))
+        }))
     }
 
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         self.with_shard(key, |shard, op| shard.release(op, token));
-        Box::pin(std::future::ready(Ok(())))
+        done(Ok(()))
     }
 
     fn renew<'a>(
@@ -978,11 +1328,10 @@ impl Store for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| {
+        done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(lease));
             shard.renew(op, token, expires)
-        });
-        Box::pin(std::future::ready(done))
+        }))
     }
 }
 
@@ -1372,12 +1721,95 @@ mod tests {
         ));
     }
 
+    /// Entries in each shard's two orders, and records in all.
+    fn entries(s: &MemoryStore) -> (usize, usize, usize) {
+        s.inner.shards.iter().fold((0, 0, 0), |(o, f, r), shard| {
+            let shard = lock(shard);
+            (
+                o + shard.order.ring.len(),
+                f + shard.freed.ring.len(),
+                r + shard.table.len(),
+            )
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_released_and_claimed_again_leaves_few_stale_entries() {
+        let s = MemoryStore::new();
+        for i in 0..10_000 {
+            assert_eq!(claim(&s, K, &format!("t{i}")), Claim::Acquired);
+            s.release(K, &format!("t{i}")).await.unwrap();
+        }
+        let (order, freed, records) = entries(&s);
+        assert_eq!((order, records), (0, 1));
+        assert!(freed <= 100, "{freed} entries in the released keys' order");
+        assert_eq!(claim(&s, K, "last"), Claim::Acquired);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_that_expire_behind_a_longer_lived_one_leave_few_stale_entries() {
+        let s = MemoryStore::new();
+        // The oldest records of every shard live a day; those after them a millisecond, and
+        // the sweep drops them from behind the long-lived ones.
+        fill(&s, "long", 256, Duration::from_secs(24 * 3600)).await;
+        for round in 0..200 {
+            fill(&s, &format!("short{round}."), 100, Duration::from_millis(1)).await;
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        let (order, _, records) = entries(&s);
+        assert!(
+            order <= 2 * records + SHARDS * 64,
+            "{order} entries in the completion orders for {records} records"
+        );
+        for i in 0..256 {
+            let key = format!("long{i}");
+            assert_eq!(
+                s.completed(StoreKey {
+                    scope: "s",
+                    key: &key
+                }),
+                Some(vec![7; 100])
+            );
+        }
+    }
+
+    #[test]
+    #[allow(deprecated)] // `SipHasher` is SipHash-2-4: the reference for the rounds.
+    fn siphash_is_siphash_however_the_bytes_are_split() {
+        use std::hash::{Hasher, SipHasher};
+        let bytes: Vec<u8> = (0..100u8).map(|b| b.wrapping_mul(37)).collect();
+        let (k0, k1) = (0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
+        for len in 0..bytes.len() {
+            let whole = &bytes[..len];
+            let mut reference = SipHasher::new_with_keys(k0, k1);
+            reference.write(whole);
+            let expected = reference.finish();
+            for cut in 0..=len {
+                let (a, b) = whole.split_at(cut);
+                assert_eq!(
+                    siphash::<2, 4>(k0, k1, [a, b]),
+                    expected,
+                    "{len} split at {cut}"
+                );
+            }
+        }
+        // The reference vector of the SipHash paper: 15 bytes 00..0e under keys 00..0f.
+        let fifteen: Vec<u8> = (0..15).collect();
+        assert_eq!(
+            siphash::<2, 4>(k0, k1, [&fifteen, &[]]),
+            0xa129_ca61_49be_45e5
+        );
+        let keys = SipKeys::random();
+        assert_eq!(keys.hash(b"ab", b"c"), keys.hash(b"a", b"bc"));
+        assert_ne!(keys.hash(b"ab", b"c"), keys.hash(b"ab", b"d"));
+    }
+
     #[test]
     fn heap_bytes_rounds_like_malloc() {
         assert_eq!(heap_bytes(0), 0);
         assert_eq!(heap_bytes(1), 32);
         assert_eq!(heap_bytes(24), 32);
         assert_eq!(heap_bytes(25), 48);
-        assert_eq!(size_of::<Record>(), 80);
+        assert_eq!(size_of::<Record>(), 72);
     }
 }
