@@ -26,7 +26,7 @@
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
 use jobguard::apalis::{Delivery, GuardLayer};
-use jobguard::{RedisDeadLetters, RedisStore, Runtime, Transient as _, Verdict};
+use jobguard::{RedisDeadLetters, RedisStore, Runtime};
 use jobguard_testkit::redis::rerun_test;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
