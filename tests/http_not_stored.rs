@@ -5,8 +5,8 @@ mod http_support;
 
 use axum::http::StatusCode;
 use http_support::{Client, Handler, app, serve};
-use jobguard::MemoryStore;
 use jobguard::http::IdempotencyLayer;
+use jobguard::{MemoryStore, StoreKey};
 
 #[tokio::test]
 async fn server_errors_408_and_429_are_not_stored_and_the_claim_is_released() {
@@ -25,7 +25,14 @@ async fn server_errors_408_and_429_are_not_stored_and_the_claim_is_released() {
         assert_eq!(again.status, status, "the repeat ran instead of a 409");
         assert!(!again.replayed());
         assert_eq!(handler.runs(), 2, "{status}: the claim was released");
-        assert!(store.is_empty(), "{status}: nothing stored");
+        assert_eq!(
+            store.completed(StoreKey {
+                scope: "http",
+                key: "k"
+            }),
+            None,
+            "{status}: nothing stored"
+        );
     }
 }
 

@@ -5,7 +5,7 @@ mod http_support;
 
 use http_support::{Client, Handler, app, serve};
 use jobguard::http::IdempotencyLayer;
-use jobguard::{Event, MemoryStore, Runtime};
+use jobguard::{Event, MemoryStore, Runtime, StoreKey};
 use std::sync::{Arc, Mutex};
 
 #[tokio::test]
@@ -35,7 +35,14 @@ async fn a_response_over_the_storage_limit_passes_through_unstored() {
     assert_eq!(reply.status, 201);
     assert_eq!(reply.body.len(), 300_000, "never truncated");
     assert!(reply.body.iter().all(|b| *b == b'x'));
-    assert!(store.is_empty(), "not stored, and the claim released");
+    assert_eq!(
+        store.completed(StoreKey {
+            scope: "http",
+            key: "big"
+        }),
+        None,
+        "not stored"
+    );
     assert_eq!(*events.lock().unwrap(), ["http:big"]);
 
     let again = client.charge("big").await;
