@@ -294,6 +294,14 @@ impl<'a> Retry<'a> {
         }
     }
 
+    /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
+    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
+    /// accepts it inline.
+    #[inline(always)]
+    fn is_lean(&self) -> bool {
+        self.watch == Watch::Nobody && self.policy.timeout.is_none() && self.policy.budget.is_none()
+    }
+
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
     #[inline(always)]
@@ -525,6 +533,7 @@ pin_project_lite::pin_project! {
     /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
     /// failed) are pinned beside the [`State`], which says which of them is live.
     #[must_use = "a round does nothing unless awaited"]
+    #[project = RoundProj]
     pub struct Round<'r, 'a, T, E, F, C, K> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
@@ -616,14 +625,100 @@ where
 {
     type Output = ControlFlow<Result<T, E>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// The success path, inlined into the caller's own poll: when nothing needs more than the
+    /// attempt itself (nobody watches, no timeout or budget; a breaker is asked inline), the
+    /// first poll admits the attempt, polls it and accepts its `Ok` here. Everything else (an
+    /// attempt that is pending or failed, a retried `Ok`, a refusal, every later poll) goes on
+    /// in [`Round::drive`], out of line.
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.as_mut().project();
+        if *this.state != State::Admit || !this.retry.is_lean() {
+            return self.drive(cx, Entry::Poll);
+        }
+        if let Some(breaker) = this.retry.breaker {
+            match breaker.acquire() {
+                Ok(granted) => *this.permit = Some(granted),
+                Err(retry_in) => return self.drive(cx, Entry::Refused(retry_in)),
+            }
+        }
+        this.retry.running = Running {
+            number: this.retry.running.number + 1,
+            started: None,
+        };
+        this.retry.stamped = false;
+        *this.state = State::Run { cut: Origin::Body };
+        let attempt = this.attempt;
+        match attempt::poll_in(&mut this.retry.running, || attempt.poll(cx)) {
+            Poll::Ready(Ok(value)) if this.on_ok.is_none() => {
+                if let Some(permit) = this.permit.take() {
+                    permit.success();
+                }
+                *this.state = State::Done;
+                Poll::Ready(ControlFlow::Break(Ok(value)))
+            }
+            polled => self.drive(cx, Entry::Polled(polled)),
+        }
+    }
+}
+
+/// Where [`Round::drive`] takes up a round.
+enum Entry<T, E> {
+    /// Poll the round from its state.
+    Poll,
+    /// The round was in `Admit`, and the breaker refused the attempt for this long.
+    Refused(Duration),
+    /// The round was in `Admit`, and its attempt was admitted and polled once, with this result.
+    Polled(Poll<Result<T, E>>),
+}
+
+impl<'a, T, E, F, C, V, K> Round<'_, 'a, T, E, F, C, K>
+where
+    F: Future<Output = Result<T, E>>,
+    C: FnOnce(&E) -> V,
+    V: Into<Verdict>,
+    K: FnOnce(&T) -> Verdict,
+    E: Display,
+{
+    /// Everything but the success path of [`Round::poll`]: the loop over the round's states.
+    #[inline(never)]
+    fn drive(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut entry: Entry<T, E>,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
         let mut this = self.project();
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
             // straight on to its first poll below, without another turn of the loop.
+            let admitted = match std::mem::replace(&mut entry, Entry::Poll) {
+                Entry::Poll => None,
+                Entry::Refused(retry_in) => Some(Admitted::Refused(retry_in)),
+                Entry::Polled(polled) => {
+                    // Admitted and polled by `poll`: no timer was set, so a pending attempt
+                    // only waits.
+                    match polled {
+                        Poll::Ready(result) => {
+                            if let ControlFlow::Break(done) =
+                                Self::settle(&mut this, result, Origin::Body)
+                            {
+                                return Poll::Ready(ControlFlow::Break(done));
+                            }
+                            continue;
+                        }
+                        Poll::Pending => {
+                            this.retry.stamp();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+            };
             let cut = match *this.state {
                 State::Run { cut } => cut,
-                State::Admit => match (this.retry.admit(this.permit), *this.lift) {
+                State::Admit => match (
+                    admitted.unwrap_or_else(|| this.retry.admit(this.permit)),
+                    *this.lift,
+                ) {
                     (Admitted::Run, _) => {
                         *this.state = State::Run { cut: Origin::Body };
                         Origin::Body
@@ -695,34 +790,48 @@ where
                     }
                 }
             };
-            let verdict = match (&result, origin) {
-                (Ok(value), _) => match this.on_ok.take() {
-                    Some(on_ok) => on_ok(value),
-                    None => Verdict::Fail,
-                },
-                (Err(error), Origin::Body) => match this.on_err.take() {
-                    Some(on_err) => on_err(error).into(),
-                    None => Verdict::Fail,
-                },
-                // The runtime's own failures are classified by the runtime.
-                (Err(_), Origin::Timeout) => Verdict::Retry,
-                (Err(_), _) => Verdict::Fail,
-            };
-            let next = match &result {
-                Ok(_) if verdict == Verdict::Fail => {
-                    this.retry.succeeded(this.permit.take());
-                    *this.state = State::Done;
-                    return Poll::Ready(ControlFlow::Break(result));
-                }
-                Ok(_) => this
-                    .retry
-                    .failed(&OkRetried, origin, verdict, this.permit.take()),
-                Err(error) => this
-                    .retry
-                    .failed(error, origin, verdict, this.permit.take()),
-            };
-            *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+            if let ControlFlow::Break(done) = Self::settle(&mut this, result, origin) {
+                return Poll::Ready(ControlFlow::Break(done));
+            }
         }
+    }
+
+    /// Classifies an attempt's outcome: `Break` with the result to return when it is accepted,
+    /// else the round goes on asleep before the next attempt or giving up (`Continue`).
+    #[inline(always)]
+    fn settle(
+        this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>,
+        result: Result<T, E>,
+        origin: Origin,
+    ) -> ControlFlow<Result<T, E>> {
+        let verdict = match (&result, origin) {
+            (Ok(value), _) => match this.on_ok.take() {
+                Some(on_ok) => on_ok(value),
+                None => Verdict::Fail,
+            },
+            (Err(error), Origin::Body) => match this.on_err.take() {
+                Some(on_err) => on_err(error).into(),
+                None => Verdict::Fail,
+            },
+            // The runtime's own failures are classified by the runtime.
+            (Err(_), Origin::Timeout) => Verdict::Retry,
+            (Err(_), _) => Verdict::Fail,
+        };
+        let next = match &result {
+            Ok(_) if verdict == Verdict::Fail => {
+                this.retry.succeeded(this.permit.take());
+                *this.state = State::Done;
+                return ControlFlow::Break(result);
+            }
+            Ok(_) => this
+                .retry
+                .failed(&OkRetried, origin, verdict, this.permit.take()),
+            Err(error) => this
+                .retry
+                .failed(error, origin, verdict, this.permit.take()),
+        };
+        *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+        ControlFlow::Continue(())
     }
 }
 
