@@ -101,6 +101,10 @@ pub struct Retry<'a> {
     payload: Option<&'a dyn Payload>,
     /// Who sees this call's events, decided when it starts.
     watch: Watch,
+    /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
+    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
+    /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
+    lean: bool,
     /// The installed runtime when the call started, if any (see [`Current::installed`]).
     installed: Option<&'static Runtime>,
     /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
@@ -160,6 +164,7 @@ impl<'a> Retry<'a> {
 
     #[inline(always)]
     fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
+        let watch = crate::observe::watch();
         Retry {
             job,
             known,
@@ -168,7 +173,8 @@ impl<'a> Retry<'a> {
             breaker: None,
             sink: None,
             payload: None,
-            watch: crate::observe::watch(),
+            watch,
+            lean: watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none(),
             installed: Current::installed(),
             running: Running {
                 number: 0,
@@ -292,14 +298,6 @@ impl<'a> Retry<'a> {
             (Watch::Observers, None) => Current::with_installed(installed).emit_job(event, known),
             _ => crate::observe::record_job(event, known),
         }
-    }
-
-    /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
-    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
-    /// accepts it inline.
-    #[inline(always)]
-    fn is_lean(&self) -> bool {
-        self.watch == Watch::Nobody && self.policy.timeout.is_none() && self.policy.budget.is_none()
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
@@ -544,11 +542,52 @@ pin_project_lite::pin_project! {
         // The breaker's permit for the attempt, while it runs.
         permit: Option<Permit<'a>>,
         // While giving up: the dead letter on its way, and the result to return after it.
-        giving_up: Option<GivingUp<'a, T, E>>,
+        giving_up: OutOfLine<GivingUp<'a, T, E>>,
         #[pin]
         attempt: F,
         #[pin]
         timer: Option<Sleep>,
+    }
+}
+
+/// An `Option` whose content, when there is one, is dropped out of line: what a dropped holder
+/// inlines is one check, whatever the content's own drop glue. For state only a rare path fills.
+/// (`ManuallyDrop` only keeps the compiler from adding the `Option`'s glue after `drop`, which
+/// has emptied it; nothing here is ever leaked, and nothing is `unsafe`.)
+struct OutOfLine<D>(std::mem::ManuallyDrop<Option<D>>);
+
+impl<D> OutOfLine<D> {
+    const fn none() -> Self {
+        OutOfLine(std::mem::ManuallyDrop::new(None))
+    }
+}
+
+impl<D> Drop for OutOfLine<D> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(dropped) = self.0.take() {
+            drop_cold(dropped);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn drop_cold<D>(dropped: D) {
+    drop(dropped);
+}
+
+impl<D> std::ops::Deref for OutOfLine<D> {
+    type Target = Option<D>;
+
+    fn deref(&self) -> &Option<D> {
+        &self.0
+    }
+}
+
+impl<D> std::ops::DerefMut for OutOfLine<D> {
+    fn deref_mut(&mut self) -> &mut Option<D> {
+        &mut self.0
     }
 }
 
@@ -585,7 +624,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             lift,
             state: State::Admit,
             permit: None,
-            giving_up: None,
+            giving_up: OutOfLine::none(),
             attempt,
             timer: None,
         }
@@ -633,7 +672,7 @@ where
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.as_mut().project();
-        if *this.state != State::Admit || !this.retry.is_lean() {
+        if *this.state != State::Admit || !this.retry.lean {
             return self.drive(cx, Entry::Poll);
         }
         if let Some(breaker) = this.retry.breaker {
