@@ -675,28 +675,35 @@ where
         if *this.state != State::Admit || !this.retry.lean {
             return self.drive(cx, Entry::Poll);
         }
-        if let Some(breaker) = this.retry.breaker {
-            match breaker.acquire() {
-                Ok(granted) => *this.permit = Some(granted),
+        // The permit and the running attempt stay in registers until the outcome is known.
+        let permit = match this.retry.breaker {
+            None => None,
+            Some(breaker) => match breaker.acquire() {
+                Ok(granted) => Some(granted),
                 Err(retry_in) => return self.drive(cx, Entry::Refused(retry_in)),
-            }
-        }
-        this.retry.running = Running {
+            },
+        };
+        let mut running = Running {
             number: this.retry.running.number + 1,
             started: None,
         };
-        this.retry.stamped = false;
-        *this.state = State::Run { cut: Origin::Body };
         let attempt = this.attempt;
-        match attempt::poll_in(&mut this.retry.running, || attempt.poll(cx)) {
+        let polled = attempt::poll_in(&mut running, || attempt.poll(cx));
+        this.retry.running = running;
+        match polled {
             Poll::Ready(Ok(value)) if this.on_ok.is_none() => {
-                if let Some(permit) = this.permit.take() {
+                if let Some(permit) = permit {
                     permit.success();
                 }
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            polled => self.drive(cx, Entry::Polled(polled)),
+            polled => {
+                this.retry.stamped = false;
+                *this.state = State::Run { cut: Origin::Body };
+                *this.permit = permit;
+                self.drive(cx, Entry::Polled(polled))
+            }
         }
     }
 }
