@@ -105,7 +105,9 @@ pub struct Retry<'a> {
     /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
     /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
     lean: bool,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]).
+    /// The installed runtime when the call started, if any (see [`Current::installed`]). A lean
+    /// call (below) reads it at its first stamp instead (the end of its first poll, or its first
+    /// failure), as nothing before needs it: the same runtime, unless the body installs one.
     installed: Option<&'static Runtime>,
     /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
     running: Running,
@@ -165,6 +167,7 @@ impl<'a> Retry<'a> {
     #[inline(always)]
     fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
         let watch = crate::observe::watch();
+        let lean = watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none();
         Retry {
             job,
             known,
@@ -174,8 +177,8 @@ impl<'a> Retry<'a> {
             sink: None,
             payload: None,
             watch,
-            lean: watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none(),
-            installed: Current::installed(),
+            lean,
+            installed: if lean { None } else { Current::installed() },
             running: Running {
                 number: 0,
                 started: None,
@@ -362,6 +365,9 @@ impl<'a> Retry<'a> {
     fn stamp(&mut self) {
         if !self.stamped {
             self.stamped = true;
+            if self.lean && self.first_wall.is_none() {
+                self.installed = Current::installed();
+            }
             let now = SystemTime::now();
             self.first_wall.get_or_insert(now);
             self.last_wall = Some(now);
