@@ -1160,6 +1160,140 @@ mod tests {
         );
     }
 
+    /// One call driven the way `#[retry]` expands it, `attempt(n)` making attempt `n`; every
+    /// error is retried.
+    async fn call<T, Fut>(
+        retry: &mut Retry<'_>,
+        mut attempt: impl FnMut(u32) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        loop {
+            let n = retry.next_attempt();
+            let round = retry.attempt_guarded(attempt(n), |_: &Error| Verdict::Retry);
+            if let ControlFlow::Break(done) = round.await {
+                return done;
+            }
+        }
+    }
+
+    const ZERO: Policy = Policy::new()
+        .attempts(3)
+        .base(Duration::ZERO)
+        .cap(Duration::ZERO)
+        .jitter(Jitter::None);
+
+    #[test]
+    fn a_call_with_a_time_limit_is_not_lean() {
+        let limited = ZERO.timeout(Duration::from_secs(1));
+        assert!(!Retry::new("job", &limited).lean);
+        let budgeted = ZERO.budget(Duration::from_secs(1));
+        assert!(!Retry::new("job", &budgeted).lean);
+        let plain = Retry::new("job", &ZERO);
+        assert_eq!(plain.lean, plain.watch == Watch::Nobody);
+    }
+
+    // The tests below hold on either path of `Round::poll`: the inline one (a call nobody watches,
+    // as in a build without `metrics` and `tracing`, `cargo test -p jobguard`) and `Round::drive`.
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_pending_at_its_first_poll_keeps_its_number() {
+        let mut retry = Retry::new("job", &ZERO);
+        let got = call(&mut retry, |n| async move {
+            let before = crate::attempt().map(|a| a.number);
+            tokio::task::yield_now().await;
+            let after = crate::attempt().map(|a| a.number);
+            Ok((n, before, after))
+        })
+        .await;
+        assert_eq!(got.unwrap(), (1, Some(1), Some(1)));
+        assert!(crate::attempt().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_first_attempt_goes_on_to_the_next() {
+        let mut retry = Retry::new("job", &ZERO);
+        let mut seen = Vec::new();
+        let got = call(&mut retry, |n| {
+            seen.push(crate::attempt().map(|a| a.number));
+            async move {
+                match crate::attempt().map(|a| a.number) {
+                    Some(1) => Err(Error::Timeout),
+                    other => Ok((n, other)),
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), (2, Some(2)));
+        // The attempt is in scope while it is polled, not while it is made.
+        assert_eq!(seen, [None, None]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_breaker_open_at_the_first_attempt_refuses_it() {
+        let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
+        breaker.acquire().unwrap().failure();
+        let sink = crate::MemoryDeadLetters::new();
+        let mut retry = Retry::new("job", &ZERO)
+            .breaker(&breaker)
+            .dead_letter(&sink);
+        let mut made = 0;
+        let got: Result<(), Error> = call(&mut retry, |_| {
+            made += 1;
+            async { Ok(()) }
+        })
+        .await;
+        assert!(matches!(got, Err(Error::CircuitOpen { .. })), "{got:?}");
+        let letters = sink.letters();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(
+            (letters[0].reason, letters[0].attempts),
+            (GiveUp::CircuitOpen, 0)
+        );
+        // The futures were made (the loop makes one per round) but never polled.
+        assert_eq!(made, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_hears_of_a_success_and_of_a_failure() {
+        let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
+        let once = ZERO.attempts(1);
+        let sink = crate::MemoryDeadLetters::new();
+        let mut retry = Retry::new("job", &once).breaker(&breaker);
+        let ok = call(&mut retry, |_| async { Ok(7) }).await;
+        assert_eq!(ok.unwrap(), 7);
+        assert_eq!(breaker.state(), crate::BreakerState::Closed);
+        let mut retry = Retry::new("job", &once)
+            .breaker(&breaker)
+            .dead_letter(&sink);
+        let failed: Result<(), Error> = call(&mut retry, |_| async { Err(Error::Timeout) }).await;
+        assert!(matches!(failed, Err(Error::Timeout)));
+        assert_eq!(breaker.state(), crate::BreakerState::Open);
+        assert_eq!(sink.letters()[0].reason, GiveUp::Exhausted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ok_that_on_ok_retries_goes_round_again() {
+        let mut retry = Retry::new("job", &ZERO);
+        let got: Result<u32, Error> = loop {
+            let n = retry.next_attempt();
+            let round = retry
+                .attempt_guarded(async move { Ok(n) }, |_: &Error| Verdict::Retry)
+                .on_ok(|n: &u32| {
+                    if *n < 2 {
+                        Verdict::Retry
+                    } else {
+                        Verdict::Fail
+                    }
+                });
+            if let ControlFlow::Break(done) = round.await {
+                break done;
+            }
+        };
+        assert_eq!(got.unwrap(), 2);
+    }
+
     #[test]
     fn the_trail_keeps_the_last_errors() {
         let mut trail = Trail::new();
