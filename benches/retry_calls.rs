@@ -8,10 +8,19 @@
 //! ```
 //!
 //! `CONTENDER` is `bare`, `retry` or `breaker`: the success path of the same `async fn` as
-//! `benches/retry.rs` measures; `bare-call` and `tokio-retry` are that bench's "bare call" and
-//! tokio-retry lines, as it writes them.
+//! `benches/retry.rs` measures; `bare-call`, `tokio-retry`, `policy-run` and `backon` are that
+//! bench's "bare call", tokio-retry, `Policy::run` and backon lines, as it writes them. Each
+//! contender runs in a loop of its own.
+//!
+//! On a shared machine, the process's user CPU time over many calls is a steadier clock than
+//! criterion's wall time (a preempted call is not counted):
+//!
+//! ```text
+//! /usr/bin/time -f %U target/release/deps/retry_calls-* CONTENDER 50000000
+//! ```
 
-use jobguard::CircuitBreaker;
+use backon::{ExponentialBuilder, Retryable};
+use jobguard::{CircuitBreaker, Policy};
 use std::hint::black_box;
 use std::io;
 use std::time::Duration;
@@ -42,6 +51,26 @@ async fn answer_tokio_retry(n: u64) -> Result<u64, io::Error> {
         .map(tokio_retry::strategy::jitter)
         .take(4);
     tokio_retry::Retry::start(curve, || answer(n)).await
+}
+
+/// `benches/retry.rs`'s backon contender.
+async fn answer_backon(n: u64) -> Result<u64, io::Error> {
+    let curve = ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(8))
+        .with_max_times(4)
+        .with_jitter();
+    (|| answer(n)).retry(curve).await
+}
+
+const CURVE: Policy = Policy::new()
+    .attempts(5)
+    .base(Duration::from_millis(500))
+    .cap(Duration::from_secs(8));
+
+/// `benches/retry.rs`'s `Policy::run` contender.
+async fn answer_policy_run(n: u64) -> Result<u64, io::Error> {
+    CURVE.run("bench::answer", async |_| answer(n).await).await
 }
 
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
@@ -83,8 +112,13 @@ fn main() {
             "bare-call" => calls!(answer_bare, calls),
             "tokio-retry" => calls!(answer_tokio_retry, calls),
             "breaker" => calls!(broken, calls),
+            "policy-run" => calls!(answer_policy_run, calls),
+            "backon" => calls!(answer_backon, calls),
             "retry" => calls!(retried, calls),
-            other => panic!("no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker"),
+            other => panic!(
+                "no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker, policy-run, \
+                 backon"
+            ),
         }
     });
     println!("{contender}: {calls} calls, sum {sum}");
