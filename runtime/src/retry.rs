@@ -14,6 +14,13 @@
 //! What to do after an outcome is [`decide`], a plain function over plain data. The success path
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
 //! observes.
+//!
+//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches
+//! and the policy has no `timeout` or `budget`; decided once, when the call starts), the first
+//! poll of a [`Round`] asks the breaker if there is one, polls the attempt with its number in
+//! scope and returns an accepted `Ok` inline. Anything else (a pending or failed attempt, a
+//! retried `Ok`, a refusal, a call that is not lean, every later poll) goes on in the same
+//! state machine, out of line.
 
 use crate::attempt::{self, Running};
 use crate::bounds::FromJobguard;
