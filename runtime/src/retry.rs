@@ -703,19 +703,26 @@ where
         let attempt = this.attempt;
         let polled = attempt::poll_in(&mut running, || attempt.poll(cx));
         this.retry.running = running;
-        match polled {
-            Poll::Ready(Ok(value)) if this.on_ok.is_none() => {
+        let classified = match &polled {
+            Poll::Ready(Ok(value)) => match this.on_ok.take() {
+                Some(on_ok) => Some(on_ok(value)),
+                None => Some(Verdict::Fail),
+            },
+            _ => None,
+        };
+        match (polled, classified) {
+            (Poll::Ready(Ok(value)), Some(Verdict::Fail)) => {
                 if let Some(permit) = permit {
                     permit.success();
                 }
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            polled => {
+            (polled, classified) => {
                 this.retry.stamped = false;
                 *this.state = State::Run { cut: Origin::Body };
                 *this.permit = permit;
-                self.drive(cx, Entry::Polled(polled))
+                self.drive(cx, Entry::Polled(polled, classified))
             }
         }
     }
@@ -727,8 +734,9 @@ enum Entry<T, E> {
     Poll,
     /// The round was in `Admit`, and the breaker refused the attempt for this long.
     Refused(Duration),
-    /// The round was in `Admit`, and its attempt was admitted and polled once, with this result.
-    Polled(Poll<Result<T, E>>),
+    /// The round was in `Admit`, and its attempt was admitted and polled once, with this result
+    /// (and, for an `Ok`, what `on_ok` said of it).
+    Polled(Poll<Result<T, E>>, Option<Verdict>),
 }
 
 impl<'a, T, E, F, C, V, K> Round<'_, 'a, T, E, F, C, K>
@@ -753,13 +761,13 @@ where
             let admitted = match std::mem::replace(&mut entry, Entry::Poll) {
                 Entry::Poll => None,
                 Entry::Refused(retry_in) => Some(Admitted::Refused(retry_in)),
-                Entry::Polled(polled) => {
+                Entry::Polled(polled, classified) => {
                     // Admitted and polled by `poll`: no timer was set, so a pending attempt
                     // only waits.
                     match polled {
                         Poll::Ready(result) => {
                             if let ControlFlow::Break(done) =
-                                Self::settle(&mut this, result, Origin::Body)
+                                Self::settle(&mut this, result, Origin::Body, classified)
                             {
                                 return Poll::Ready(ControlFlow::Break(done));
                             }
@@ -849,7 +857,7 @@ where
                     }
                 }
             };
-            if let ControlFlow::Break(done) = Self::settle(&mut this, result, origin) {
+            if let ControlFlow::Break(done) = Self::settle(&mut this, result, origin, None) {
                 return Poll::Ready(ControlFlow::Break(done));
             }
         }
@@ -862,19 +870,22 @@ where
         this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>,
         result: Result<T, E>,
         origin: Origin,
+        classified: Option<Verdict>,
     ) -> ControlFlow<Result<T, E>> {
-        let verdict = match (&result, origin) {
-            (Ok(value), _) => match this.on_ok.take() {
+        let verdict = match (&result, origin, classified) {
+            // `on_ok` was asked already, on the inline path.
+            (_, _, Some(verdict)) => verdict,
+            (Ok(value), _, None) => match this.on_ok.take() {
                 Some(on_ok) => on_ok(value),
                 None => Verdict::Fail,
             },
-            (Err(error), Origin::Body) => match this.on_err.take() {
+            (Err(error), Origin::Body, None) => match this.on_err.take() {
                 Some(on_err) => on_err(error).into(),
                 None => Verdict::Fail,
             },
             // The runtime's own failures are classified by the runtime.
-            (Err(_), Origin::Timeout) => Verdict::Retry,
-            (Err(_), _) => Verdict::Fail,
+            (Err(_), Origin::Timeout, None) => Verdict::Retry,
+            (Err(_), _, None) => Verdict::Fail,
         };
         let next = match &result {
             Ok(_) if verdict == Verdict::Fail => {
