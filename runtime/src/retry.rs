@@ -566,7 +566,7 @@ pin_project_lite::pin_project! {
 /// An `Option` whose content, when there is one, is dropped out of line: what a dropped holder
 /// inlines is one check, whatever the content's own drop glue. For state only a rare path fills.
 /// (`ManuallyDrop` only keeps the compiler from adding the `Option`'s glue after `drop`, which
-/// has emptied it; nothing here is ever leaked, and nothing is `unsafe`.)
+/// has emptied it: nothing here is ever leaked.)
 struct OutOfLine<D>(std::mem::ManuallyDrop<Option<D>>);
 
 impl<D> OutOfLine<D> {
