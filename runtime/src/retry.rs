@@ -686,14 +686,14 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.as_mut().project();
         if *this.state != State::Admit || !this.retry.lean {
-            return self.drive(cx, Entry::Poll);
+            return self.drive(cx);
         }
         // The permit and the running attempt stay in registers until the outcome is known.
         let permit = match this.retry.breaker {
             None => None,
             Some(breaker) => match breaker.acquire() {
                 Ok(granted) => Some(granted),
-                Err(retry_in) => return self.drive(cx, Entry::Refused(retry_in)),
+                Err(retry_in) => return self.refused(cx, retry_in),
             },
         };
         let mut running = Running {
@@ -722,21 +722,18 @@ where
                 this.retry.stamped = false;
                 *this.state = State::Run { cut: Origin::Body };
                 *this.permit = permit;
-                self.drive(cx, Entry::Polled(polled, classified))
+                match polled {
+                    // No timer was set (a lean call has no time limit): a pending attempt only
+                    // waits.
+                    Poll::Pending => {
+                        this.retry.stamp();
+                        Poll::Pending
+                    }
+                    Poll::Ready(result) => self.settled(cx, result, classified),
+                }
             }
         }
     }
-}
-
-/// Where [`Round::drive`] takes up a round.
-enum Entry<T, E> {
-    /// Poll the round from its state.
-    Poll,
-    /// The round was in `Admit`, and the breaker refused the attempt for this long.
-    Refused(Duration),
-    /// The round was in `Admit`, and its attempt was admitted and polled once, with this result
-    /// (and, for an `Ok`, what `on_ok` said of it).
-    Polled(Poll<Result<T, E>>, Option<Verdict>),
 }
 
 impl<'a, T, E, F, C, V, K> Round<'_, 'a, T, E, F, C, K>
@@ -747,45 +744,46 @@ where
     K: FnOnce(&T) -> Verdict,
     E: Display,
 {
+    /// The inline path's refusal: the breaker refused the round's first attempt.
+    #[cold]
+    #[inline(never)]
+    fn refused(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        retry_in: Duration,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
+        Self::refuse(&mut self.as_mut().project(), retry_in);
+        self.drive(cx)
+    }
+
+    /// The inline path's outcome when it is not an accepted `Ok`: the round goes on from it
+    /// (`classified`: what `on_ok` said of an `Ok`).
+    #[cold]
+    #[inline(never)]
+    fn settled(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        result: Result<T, E>,
+        classified: Option<Verdict>,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
+        let mut this = self.as_mut().project();
+        if let ControlFlow::Break(done) = Self::settle(&mut this, result, Origin::Body, classified)
+        {
+            return Poll::Ready(ControlFlow::Break(done));
+        }
+        self.drive(cx)
+    }
+
     /// Everything but the success path of [`Round::poll`]: the loop over the round's states.
     #[inline(never)]
-    fn drive(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        mut entry: Entry<T, E>,
-    ) -> Poll<ControlFlow<Result<T, E>>> {
+    fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ControlFlow<Result<T, E>>> {
         let mut this = self.project();
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
             // straight on to its first poll below, without another turn of the loop.
-            let admitted = match std::mem::replace(&mut entry, Entry::Poll) {
-                Entry::Poll => None,
-                Entry::Refused(retry_in) => Some(Admitted::Refused(retry_in)),
-                Entry::Polled(polled, classified) => {
-                    // Admitted and polled by `poll`: no timer was set, so a pending attempt
-                    // only waits.
-                    match polled {
-                        Poll::Ready(result) => {
-                            if let ControlFlow::Break(done) =
-                                Self::settle(&mut this, result, Origin::Body, classified)
-                            {
-                                return Poll::Ready(ControlFlow::Break(done));
-                            }
-                            continue;
-                        }
-                        Poll::Pending => {
-                            this.retry.stamp();
-                            return Poll::Pending;
-                        }
-                    }
-                }
-            };
             let cut = match *this.state {
                 State::Run { cut } => cut,
-                State::Admit => match (
-                    admitted.unwrap_or_else(|| this.retry.admit(this.permit)),
-                    *this.lift,
-                ) {
+                State::Admit => match (this.retry.admit(this.permit), *this.lift) {
                     (Admitted::Run, _) => {
                         *this.state = State::Run { cut: Origin::Body };
                         Origin::Body
@@ -795,19 +793,9 @@ where
                         *this.state = State::Run { cut };
                         cut
                     }
-                    (Admitted::Refused(retry_in), Some(lift)) => {
-                        // Refused: no attempt is made or counted.
-                        let refused = Error::CircuitOpen { retry_in };
-                        let next =
-                            this.retry
-                                .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
-                        *this.state =
-                            Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                    (Admitted::Refused(retry_in), _) => {
+                        Self::refuse(&mut this, retry_in);
                         continue;
-                    }
-                    // Only a guarded round has a breaker to refuse it.
-                    (Admitted::Refused(_), None) => {
-                        unreachable!("a breaker on an unguarded round")
                     }
                 },
                 State::Sleep => {
@@ -860,6 +848,24 @@ where
             if let ControlFlow::Break(done) = Self::settle(&mut this, result, origin, None) {
                 return Poll::Ready(ControlFlow::Break(done));
             }
+        }
+    }
+
+    /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
+    /// giving up (or asleep, for a refusal the policy retries).
+    #[inline(always)]
+    fn refuse(this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>, retry_in: Duration) {
+        match *this.lift {
+            Some(lift) => {
+                let refused = Error::CircuitOpen { retry_in };
+                let next = this
+                    .retry
+                    .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
+                *this.state =
+                    Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+            }
+            // Only a guarded round has a breaker to refuse it.
+            None => unreachable!("a breaker on an unguarded round"),
         }
     }
 
