@@ -681,7 +681,7 @@ where
     /// attempt itself (nobody watches, no timeout or budget; a breaker is asked inline), the
     /// first poll admits the attempt, polls it and accepts its `Ok` here. Everything else (an
     /// attempt that is pending or failed, a retried `Ok`, a refusal, every later poll) goes on
-    /// in [`Round::drive`], out of line.
+    /// in `Round::drive`, out of line.
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.as_mut().project();
