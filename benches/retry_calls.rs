@@ -8,18 +8,69 @@
 //! ```
 //!
 //! `CONTENDER` is `bare`, `retry` or `breaker`: the success path of the same `async fn` as
-//! `benches/retry.rs` measures.
+//! `benches/retry.rs` measures; `bare-call`, `tokio-retry`, `policy-run` and `backon` are that
+//! bench's "bare call", tokio-retry, `Policy::run` and backon lines, as it writes them. Each
+//! contender runs in a loop of its own.
+//!
+//! On a shared machine, the process's user CPU time over many calls is a steadier clock than
+//! criterion's wall time (a preempted call is not counted):
+//!
+//! ```text
+//! /usr/bin/time -f %U target/release/deps/retry_calls-* CONTENDER 50000000
+//! ```
 
-use jobguard::CircuitBreaker;
+use backon::{ExponentialBuilder, Retryable};
+use jobguard::{CircuitBreaker, Policy};
 use std::hint::black_box;
 use std::io;
 use std::time::Duration;
+use tokio_retry::strategy::ExponentialBackoff;
 
 static BREAKER: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
 
 #[inline(never)]
 async fn bare(n: u64) -> Result<u64, io::Error> {
     Ok(black_box(n) + 1)
+}
+
+/// The work itself, as `benches/retry.rs` has it.
+async fn answer(n: u64) -> Result<u64, io::Error> {
+    Ok(black_box(n) + 1)
+}
+
+/// `benches/retry.rs`'s "bare call": the work behind one plain `async fn`.
+async fn answer_bare(n: u64) -> Result<u64, io::Error> {
+    answer(n).await
+}
+
+/// `benches/retry.rs`'s tokio-retry contender.
+async fn answer_tokio_retry(n: u64) -> Result<u64, io::Error> {
+    let curve = ExponentialBackoff::from_millis(2)
+        .factor(250)
+        .max_delay(Duration::from_secs(8))
+        .map(tokio_retry::strategy::jitter)
+        .take(4);
+    tokio_retry::Retry::start(curve, || answer(n)).await
+}
+
+/// `benches/retry.rs`'s backon contender.
+async fn answer_backon(n: u64) -> Result<u64, io::Error> {
+    let curve = ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(8))
+        .with_max_times(4)
+        .with_jitter();
+    (|| answer(n)).retry(curve).await
+}
+
+const CURVE: Policy = Policy::new()
+    .attempts(5)
+    .base(Duration::from_millis(500))
+    .cap(Duration::from_secs(8));
+
+/// `benches/retry.rs`'s `Policy::run` contender.
+async fn answer_policy_run(n: u64) -> Result<u64, io::Error> {
+    CURVE.run("bench::answer", async |_| answer(n).await).await
 }
 
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
@@ -30,6 +81,18 @@ async fn retried(n: u64) -> Result<u64, io::Error> {
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", breaker = BREAKER)]
 async fn broken(n: u64) -> Result<u64, io::Error> {
     Ok(black_box(n) + 1)
+}
+
+/// Calls `$job` `$calls` times in a loop of its own (one loop per contender, so the choice of
+/// contender is not in the count), summing the answers.
+macro_rules! calls {
+    ($job:path, $calls:expr) => {{
+        let mut sum = 0u64;
+        for n in 0..$calls {
+            sum = sum.wrapping_add(black_box($job(black_box(n)).await).unwrap_or(0));
+        }
+        sum
+    }};
 }
 
 fn main() {
@@ -44,15 +107,19 @@ fn main() {
         .build()
         .expect("a current-thread runtime");
     let sum = rt.block_on(async {
-        let mut sum = 0u64;
-        for n in 0..calls {
-            sum = sum.wrapping_add(match contender.as_str() {
-                "bare" => black_box(bare(black_box(n)).await).unwrap_or(0),
-                "breaker" => black_box(broken(black_box(n)).await).unwrap_or(0),
-                _ => black_box(retried(black_box(n)).await).unwrap_or(0),
-            });
+        match contender.as_str() {
+            "bare" => calls!(bare, calls),
+            "bare-call" => calls!(answer_bare, calls),
+            "tokio-retry" => calls!(answer_tokio_retry, calls),
+            "breaker" => calls!(broken, calls),
+            "policy-run" => calls!(answer_policy_run, calls),
+            "backon" => calls!(answer_backon, calls),
+            "retry" => calls!(retried, calls),
+            other => panic!(
+                "no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker, policy-run, \
+                 backon"
+            ),
         }
-        sum
     });
     println!("{contender}: {calls} calls, sum {sum}");
 }

@@ -14,6 +14,13 @@
 //! What to do after an outcome is [`decide`], a plain function over plain data. The success path
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
 //! observes.
+//!
+//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches
+//! and the policy has no `timeout` or `budget`; decided once, when the call starts), the first
+//! poll of a [`Round`] asks the breaker if there is one, polls the attempt with its number in
+//! scope and returns an accepted `Ok` inline. Anything else (a pending or failed attempt, a
+//! retried `Ok`, a refusal, a call that is not lean, every later poll) goes on in the same
+//! state machine, out of line.
 
 use crate::attempt::{self, Delivery, Running};
 use crate::bounds::FromJobguard;
@@ -101,7 +108,13 @@ pub struct Retry<'a> {
     payload: Option<&'a dyn Payload>,
     /// Who sees this call's events, decided when it starts.
     watch: Watch,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]).
+    /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
+    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
+    /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
+    lean: bool,
+    /// The installed runtime when the call started, if any (see [`Current::installed`]). A lean
+    /// call (below) reads it at its first stamp instead (the end of its first poll, or its first
+    /// failure), as nothing before needs it: the same runtime, unless the body installs one.
     installed: Option<&'static Runtime>,
     /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
     running: Running,
@@ -160,6 +173,8 @@ impl<'a> Retry<'a> {
 
     #[inline(always)]
     fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
+        let watch = crate::observe::watch();
+        let lean = watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none();
         Retry {
             job,
             known,
@@ -168,8 +183,9 @@ impl<'a> Retry<'a> {
             breaker: None,
             sink: None,
             payload: None,
-            watch: crate::observe::watch(),
-            installed: Current::installed(),
+            watch,
+            lean,
+            installed: if lean { None } else { Current::installed() },
             running: Running {
                 number: 0,
                 started: None,
@@ -356,6 +372,9 @@ impl<'a> Retry<'a> {
     fn stamp(&mut self) {
         if !self.stamped {
             self.stamped = true;
+            if self.lean && self.first_wall.is_none() {
+                self.installed = Current::installed();
+            }
             let now = SystemTime::now();
             self.first_wall.get_or_insert(now);
             self.last_wall = Some(now);
@@ -562,6 +581,7 @@ pin_project_lite::pin_project! {
     /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
     /// failed) are pinned beside the [`State`], which says which of them is live.
     #[must_use = "a round does nothing unless awaited"]
+    #[project = RoundProj]
     pub struct Round<'r, 'a, T, E, F, C, K> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
@@ -572,11 +592,52 @@ pin_project_lite::pin_project! {
         // The breaker's permit for the attempt, while it runs.
         permit: Option<Permit<'a>>,
         // While giving up: the dead letter on its way, and the result to return after it.
-        giving_up: Option<GivingUp<'a, T, E>>,
+        giving_up: OutOfLine<GivingUp<'a, T, E>>,
         #[pin]
         attempt: F,
         #[pin]
         timer: Option<Sleep>,
+    }
+}
+
+/// An `Option` whose content, when there is one, is dropped out of line: what a dropped holder
+/// inlines is one check, whatever the content's own drop glue. For state only a rare path fills.
+/// (`ManuallyDrop` only keeps the compiler from adding the `Option`'s glue after `drop`, which
+/// has emptied it: nothing here is ever leaked.)
+struct OutOfLine<D>(std::mem::ManuallyDrop<Option<D>>);
+
+impl<D> OutOfLine<D> {
+    const fn none() -> Self {
+        OutOfLine(std::mem::ManuallyDrop::new(None))
+    }
+}
+
+impl<D> Drop for OutOfLine<D> {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(dropped) = self.0.take() {
+            drop_cold(dropped);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn drop_cold<D>(dropped: D) {
+    drop(dropped);
+}
+
+impl<D> std::ops::Deref for OutOfLine<D> {
+    type Target = Option<D>;
+
+    fn deref(&self) -> &Option<D> {
+        &self.0
+    }
+}
+
+impl<D> std::ops::DerefMut for OutOfLine<D> {
+    fn deref_mut(&mut self) -> &mut Option<D> {
+        &mut self.0
     }
 }
 
@@ -613,7 +674,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             lift,
             state: State::Admit,
             permit: None,
-            giving_up: None,
+            giving_up: OutOfLine::none(),
             attempt,
             timer: None,
         }
@@ -653,7 +714,106 @@ where
 {
     type Output = ControlFlow<Result<T, E>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// The success path, inlined into the caller's own poll: when nothing needs more than the
+    /// attempt itself (nobody watches, no timeout or budget; a breaker is asked inline), the
+    /// first poll admits the attempt, polls it and accepts its `Ok` here. Everything else (an
+    /// attempt that is pending or failed, a retried `Ok`, a refusal, every later poll) goes on
+    /// in `Round::drive`, out of line.
+    #[inline]
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.as_mut().project();
+        if *this.state != State::Admit || !this.retry.lean {
+            return self.drive(cx);
+        }
+        // The permit and the running attempt stay in registers until the outcome is known.
+        let permit = match this.retry.breaker {
+            None => None,
+            Some(breaker) => match breaker.acquire() {
+                Ok(granted) => Some(granted),
+                Err(retry_in) => return self.refused(cx, retry_in),
+            },
+        };
+        let mut running = Running {
+            number: this.retry.running.number + 1,
+            started: None,
+        };
+        let attempt = this.attempt;
+        let polled = attempt::poll_in(&mut running, || attempt.poll(cx));
+        this.retry.running = running;
+        let classified = match &polled {
+            Poll::Ready(Ok(value)) => match this.on_ok.take() {
+                Some(on_ok) => Some(on_ok(value)),
+                None => Some(Verdict::Fail),
+            },
+            _ => None,
+        };
+        match (polled, classified) {
+            (Poll::Ready(Ok(value)), Some(Verdict::Fail)) => {
+                if let Some(permit) = permit {
+                    permit.success();
+                }
+                *this.state = State::Done;
+                Poll::Ready(ControlFlow::Break(Ok(value)))
+            }
+            (polled, classified) => {
+                this.retry.stamped = false;
+                *this.state = State::Run { cut: Origin::Body };
+                *this.permit = permit;
+                match polled {
+                    // No timer was set (a lean call has no time limit): a pending attempt only
+                    // waits.
+                    Poll::Pending => {
+                        this.retry.stamp();
+                        Poll::Pending
+                    }
+                    Poll::Ready(result) => self.settled(cx, result, classified),
+                }
+            }
+        }
+    }
+}
+
+impl<'a, T, E, F, C, V, K> Round<'_, 'a, T, E, F, C, K>
+where
+    F: Future<Output = Result<T, E>>,
+    C: FnOnce(&E) -> V,
+    V: Into<Verdict>,
+    K: FnOnce(&T) -> Verdict,
+    E: Display,
+{
+    /// The inline path's refusal: the breaker refused the round's first attempt.
+    #[cold]
+    #[inline(never)]
+    fn refused(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        retry_in: Duration,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
+        Self::refuse(&mut self.as_mut().project(), retry_in);
+        self.drive(cx)
+    }
+
+    /// The inline path's outcome when it is not an accepted `Ok`: the round goes on from it
+    /// (`classified`: what `on_ok` said of an `Ok`).
+    #[cold]
+    #[inline(never)]
+    fn settled(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        result: Result<T, E>,
+        classified: Option<Verdict>,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
+        let mut this = self.as_mut().project();
+        if let ControlFlow::Break(done) = Self::settle(&mut this, result, Origin::Body, classified)
+        {
+            return Poll::Ready(ControlFlow::Break(done));
+        }
+        self.drive(cx)
+    }
+
+    /// Everything but the success path of [`Round::poll`]: the loop over the round's states.
+    #[inline(never)]
+    fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ControlFlow<Result<T, E>>> {
         let mut this = self.project();
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
@@ -670,19 +830,9 @@ where
                         *this.state = State::Run { cut };
                         cut
                     }
-                    (Admitted::Refused(retry_in), Some(lift)) => {
-                        // Refused: no attempt is made or counted.
-                        let refused = Error::CircuitOpen { retry_in };
-                        let next =
-                            this.retry
-                                .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
-                        *this.state =
-                            Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                    (Admitted::Refused(retry_in), _) => {
+                        Self::refuse(&mut this, retry_in);
                         continue;
-                    }
-                    // Only a guarded round has a breaker to refuse it.
-                    (Admitted::Refused(_), None) => {
-                        unreachable!("a breaker on an unguarded round")
                     }
                 },
                 State::Sleep => {
@@ -732,34 +882,69 @@ where
                     }
                 }
             };
-            let verdict = match (&result, origin) {
-                (Ok(value), _) => match this.on_ok.take() {
-                    Some(on_ok) => on_ok(value),
-                    None => Verdict::Fail,
-                },
-                (Err(error), Origin::Body) => match this.on_err.take() {
-                    Some(on_err) => on_err(error).into(),
-                    None => Verdict::Fail,
-                },
-                // The runtime's own failures are classified by the runtime.
-                (Err(_), Origin::Timeout) => Verdict::Retry,
-                (Err(_), _) => Verdict::Fail,
-            };
-            let next = match &result {
-                Ok(_) if verdict == Verdict::Fail => {
-                    this.retry.succeeded(this.permit.take());
-                    *this.state = State::Done;
-                    return Poll::Ready(ControlFlow::Break(result));
-                }
-                Ok(_) => this
-                    .retry
-                    .failed(&OkRetried, origin, verdict, this.permit.take()),
-                Err(error) => this
-                    .retry
-                    .failed(error, origin, verdict, this.permit.take()),
-            };
-            *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+            if let ControlFlow::Break(done) = Self::settle(&mut this, result, origin, None) {
+                return Poll::Ready(ControlFlow::Break(done));
+            }
         }
+    }
+
+    /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
+    /// giving up (or asleep, for a refusal the policy retries).
+    #[inline(always)]
+    fn refuse(this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>, retry_in: Duration) {
+        match *this.lift {
+            Some(lift) => {
+                let refused = Error::CircuitOpen { retry_in };
+                let next = this
+                    .retry
+                    .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
+                *this.state =
+                    Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+            }
+            // Only a guarded round has a breaker to refuse it.
+            None => unreachable!("a breaker on an unguarded round"),
+        }
+    }
+
+    /// Classifies an attempt's outcome: `Break` with the result to return when it is accepted,
+    /// else the round goes on asleep before the next attempt or giving up (`Continue`).
+    #[inline(always)]
+    fn settle(
+        this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>,
+        result: Result<T, E>,
+        origin: Origin,
+        classified: Option<Verdict>,
+    ) -> ControlFlow<Result<T, E>> {
+        let verdict = match (&result, origin, classified) {
+            // `on_ok` was asked already, on the inline path.
+            (_, _, Some(verdict)) => verdict,
+            (Ok(value), _, None) => match this.on_ok.take() {
+                Some(on_ok) => on_ok(value),
+                None => Verdict::Fail,
+            },
+            (Err(error), Origin::Body, None) => match this.on_err.take() {
+                Some(on_err) => on_err(error).into(),
+                None => Verdict::Fail,
+            },
+            // The runtime's own failures are classified by the runtime.
+            (Err(_), Origin::Timeout, None) => Verdict::Retry,
+            (Err(_), _, None) => Verdict::Fail,
+        };
+        let next = match &result {
+            Ok(_) if verdict == Verdict::Fail => {
+                this.retry.succeeded(this.permit.take());
+                *this.state = State::Done;
+                return ControlFlow::Break(result);
+            }
+            Ok(_) => this
+                .retry
+                .failed(&OkRetried, origin, verdict, this.permit.take()),
+            Err(error) => this
+                .retry
+                .failed(error, origin, verdict, this.permit.take()),
+        };
+        *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+        ControlFlow::Continue(())
     }
 }
 
@@ -1034,6 +1219,140 @@ mod tests {
             decide(&budget, 1, Origin::Body, forever, None, never),
             Decision::RetryAfter(Duration::MAX)
         );
+    }
+
+    /// One call driven the way `#[retry]` expands it, `attempt(n)` making attempt `n`; every
+    /// error is retried.
+    async fn call<T, Fut>(
+        retry: &mut Retry<'_>,
+        mut attempt: impl FnMut(u32) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        loop {
+            let n = retry.next_attempt();
+            let round = retry.attempt_guarded(attempt(n), |_: &Error| Verdict::Retry);
+            if let ControlFlow::Break(done) = round.await {
+                return done;
+            }
+        }
+    }
+
+    const ZERO: Policy = Policy::new()
+        .attempts(3)
+        .base(Duration::ZERO)
+        .cap(Duration::ZERO)
+        .jitter(Jitter::None);
+
+    #[test]
+    fn a_call_with_a_time_limit_is_not_lean() {
+        let limited = ZERO.timeout(Duration::from_secs(1));
+        assert!(!Retry::new("job", &limited).lean);
+        let budgeted = ZERO.budget(Duration::from_secs(1));
+        assert!(!Retry::new("job", &budgeted).lean);
+        let plain = Retry::new("job", &ZERO);
+        assert_eq!(plain.lean, plain.watch == Watch::Nobody);
+    }
+
+    // The tests below hold on either path of `Round::poll`: the inline one (a call nobody watches,
+    // as in a build without `metrics` and `tracing`, `cargo test -p jobguard`) and `Round::drive`.
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_pending_at_its_first_poll_keeps_its_number() {
+        let mut retry = Retry::new("job", &ZERO);
+        let got = call(&mut retry, |n| async move {
+            let before = crate::attempt().map(|a| a.number);
+            tokio::task::yield_now().await;
+            let after = crate::attempt().map(|a| a.number);
+            Ok((n, before, after))
+        })
+        .await;
+        assert_eq!(got.unwrap(), (1, Some(1), Some(1)));
+        assert!(crate::attempt().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_first_attempt_goes_on_to_the_next() {
+        let mut retry = Retry::new("job", &ZERO);
+        let mut seen = Vec::new();
+        let got = call(&mut retry, |n| {
+            seen.push(crate::attempt().map(|a| a.number));
+            async move {
+                match crate::attempt().map(|a| a.number) {
+                    Some(1) => Err(Error::Timeout),
+                    other => Ok((n, other)),
+                }
+            }
+        })
+        .await;
+        assert_eq!(got.unwrap(), (2, Some(2)));
+        // The attempt is in scope while it is polled, not while it is made.
+        assert_eq!(seen, [None, None]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_breaker_open_at_the_first_attempt_refuses_it() {
+        let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
+        breaker.acquire().unwrap().failure();
+        let sink = crate::MemoryDeadLetters::new();
+        let mut retry = Retry::new("job", &ZERO)
+            .breaker(&breaker)
+            .dead_letter(&sink);
+        let mut made = 0;
+        let got: Result<(), Error> = call(&mut retry, |_| {
+            made += 1;
+            async { Ok(()) }
+        })
+        .await;
+        assert!(matches!(got, Err(Error::CircuitOpen { .. })), "{got:?}");
+        let letters = sink.letters();
+        assert_eq!(letters.len(), 1);
+        assert_eq!(
+            (letters[0].reason, letters[0].attempts),
+            (GiveUp::CircuitOpen, 0)
+        );
+        // The futures were made (the loop makes one per round) but never polled.
+        assert_eq!(made, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_hears_of_a_success_and_of_a_failure() {
+        let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
+        let once = ZERO.attempts(1);
+        let sink = crate::MemoryDeadLetters::new();
+        let mut retry = Retry::new("job", &once).breaker(&breaker);
+        let ok = call(&mut retry, |_| async { Ok(7) }).await;
+        assert_eq!(ok.unwrap(), 7);
+        assert_eq!(breaker.state(), crate::BreakerState::Closed);
+        let mut retry = Retry::new("job", &once)
+            .breaker(&breaker)
+            .dead_letter(&sink);
+        let failed: Result<(), Error> = call(&mut retry, |_| async { Err(Error::Timeout) }).await;
+        assert!(matches!(failed, Err(Error::Timeout)));
+        assert_eq!(breaker.state(), crate::BreakerState::Open);
+        assert_eq!(sink.letters()[0].reason, GiveUp::Exhausted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ok_that_on_ok_retries_goes_round_again() {
+        let mut retry = Retry::new("job", &ZERO);
+        let got: Result<u32, Error> = loop {
+            let n = retry.next_attempt();
+            let round = retry
+                .attempt_guarded(async move { Ok(n) }, |_: &Error| Verdict::Retry)
+                .on_ok(|n: &u32| {
+                    if *n < 2 {
+                        Verdict::Retry
+                    } else {
+                        Verdict::Fail
+                    }
+                });
+            if let ControlFlow::Break(done) = round.await {
+                break done;
+            }
+        };
+        assert_eq!(got.unwrap(), 2);
     }
 
     #[test]
