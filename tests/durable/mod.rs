@@ -464,26 +464,9 @@ fn store(e: redis::RedisError) -> jobguard::Error {
 /// At a `stall` crash point named for this job, the first worker to reach it announces itself,
 /// is stopped by the harness, and goes on once `resume:{id}` is set.
 async fn stall_point(id: u32) {
-    let crashes = CRASHES.get().expect("crash points");
-    if !crashes.iter().any(|(p, i)| p == "stall" && *i == id) {
+    let Some(mut redis) = hold_first("stall", id).await else {
         return;
-    }
-    let mut redis = redis();
-    let first: bool = redis::cmd("SET")
-        .arg(format!("held:stall:{id}"))
-        .arg(std::process::id())
-        .arg("NX")
-        .query_async::<Option<String>>(&mut redis)
-        .await
-        .expect("SET NX")
-        .is_some();
-    if !first {
-        return;
-    }
-    let _: () = redis
-        .rpush(HOLDS, format!("{} stall {id}", std::process::id()))
-        .await
-        .expect("announce the stall");
+    };
     // Polls for the test's word; the process is stopped in between, so most of the waiting is
     // not even this loop's.
     while redis
@@ -526,12 +509,13 @@ fn abort_point(id: u32) {
     }
 }
 
-/// At a crash point named for this job, the first worker to reach it announces itself and
-/// stops, holding everything it holds, until the harness kills it.
-async fn crash_point(point: &str, id: u32) {
+/// Whether job `id` stops at `point` in this process: it is one of the configured crash points,
+/// and no process has stopped there before (`SET NX`). The first announces itself on
+/// [`HOLDS`] for the harness and gets the connection it did that on.
+async fn hold_first(point: &str, id: u32) -> Option<ConnectionManager> {
     let crashes = CRASHES.get().expect("crash points");
     if !crashes.iter().any(|(p, i)| p == point && *i == id) {
-        return;
+        return None;
     }
     let mut redis = redis();
     let first: bool = redis::cmd("SET")
@@ -543,11 +527,20 @@ async fn crash_point(point: &str, id: u32) {
         .expect("SET NX")
         .is_some();
     if !first {
-        return;
+        return None;
     }
     let _: () = redis
         .rpush(HOLDS, format!("{} {point} {id}", std::process::id()))
         .await
         .expect("announce the crash point");
+    Some(redis)
+}
+
+/// At a crash point named for this job, the first worker to reach it announces itself and
+/// stops, holding everything it holds, until the harness kills it.
+async fn crash_point(point: &str, id: u32) {
+    if hold_first(point, id).await.is_none() {
+        return;
+    }
     std::future::pending::<()>().await;
 }
