@@ -27,7 +27,9 @@
 //! `InProgress`; after it, a redelivery runs the work again. Keep that window short with a short
 //! `lease`, and make the side effect itself idempotent where the dependency allows it (pass the
 //! key on to a gateway that accepts idempotency keys), or pass [`fence()`](crate::fence) to a
-//! downstream that refuses writes from an older claim.
+//! downstream that refuses writes from an older claim. The claim left to lapse this way is
+//! counted as a crash by the next claim, as a dead worker's would be: a store that keeps failing
+//! to take results can bring a job to its crash limit.
 //!
 //! # Crashes and poison jobs
 //!

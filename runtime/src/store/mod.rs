@@ -65,8 +65,9 @@ pub struct ClaimOptions<'a> {
     pub fingerprint: Option<&'a str>,
     /// How long the claim holds the key unless renewed.
     pub lease: Duration,
-    /// How long the key's history (its generation and crash count) is kept once no claim holds
-    /// it, and how long a poisoned key stays refused: the job's TTL.
+    /// How long the key's history (its generation and crash count) is kept, counted from the
+    /// claim (or the lease's end, if later), and how long a poisoned key stays refused, counted
+    /// from the claim that poisoned it: the job's TTL.
     pub ttl: Duration,
     /// Abandoned claims after which the key is poisoned: the claim that finds this many is
     /// refused with [`Claimed::Poisoned`]. `0` never poisons.
@@ -176,7 +177,15 @@ pub trait Store: Send + Sync {
     /// claims: a claim whose lease lapsed is taken over and counted, and once `options.crashes`
     /// are counted the key is poisoned ([`Claimed::Poisoned`], `first` for the claim that
     /// poisoned it) and refused for `options.ttl`. A release keeps the key's generation and crash
-    /// count for `options.ttl`, so generations only grow.
+    /// count until the claim's `options.ttl` runs out, so generations only grow while the key's
+    /// history is kept.
+    ///
+    /// When the history goes, the next claim starts again at generation 1 with no crash
+    /// counted: after the TTL; when a completed record expires (a completed record keeps no
+    /// generation); in [`MemoryStore`](memory::MemoryStore), when room is short (a released
+    /// key's history goes first, a lapsed claim when nothing else can), and a poisoned record
+    /// older than `min_retention` can be given up like a completed one. A downstream that keeps
+    /// the largest fence it saw should therefore forget it after the job's TTL.
     ///
     /// The default implementation calls [`claim`](Store::claim): generation `0`, no crash
     /// counted.

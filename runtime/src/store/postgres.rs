@@ -54,6 +54,12 @@
 //! (`ADD COLUMN IF NOT EXISTS`). A claim row written before has no `lease_ends_at`: its lease
 //! ends at its `expires_at`, as it did then.
 //!
+//! **Upgrading: stop the workers of the earlier build before workers of this one claim.** An
+//! earlier build's claim statement does not know `lease_ends_at`: taking over an expired row, it
+//! leaves the row's old `lease_ends_at` in place, and a claim by this build would then read that
+//! live claim as abandoned, take it over (two workers holding one key) and count a crash that
+//! did not happen. The same holds for the Redis store's records (see its module docs).
+//!
 //! Postgres `text` cannot hold a NUL byte, and a B-tree entry is limited to about 2.7 kB, so
 //! [`PgStore::row_key`] writes:
 //!
