@@ -93,12 +93,13 @@ impl<G: Send + Sync> Backend for RedisBackend<G> {
     }
 }
 
-/// Makes one `#[tokio::test]` per conformance check, each on a fresh backend from `$setup`, an
-/// expression of type `impl Future<Output = Option<impl Backend>>` (`None`: skipped).
+/// Calls `$crate::$callback!` with `$args` followed by the name of every conformance check: the
+/// one list of checks, for [`store_conformance!`] and [`run_all`].
+#[doc(hidden)]
 #[macro_export]
-macro_rules! store_conformance {
-    ($setup:expr) => {
-        $crate::store_conformance!(@each $setup;
+macro_rules! __conformance_checks {
+    ($callback:ident; $($args:tt)*) => {
+        $crate::$callback!($($args)*
             a_claim_is_exclusive_and_a_completed_record_replays,
             release_frees_the_key_only_for_its_holder,
             renew_extends_the_lease_only_for_its_holder,
@@ -115,6 +116,15 @@ macro_rules! store_conformance {
             a_poisoned_key_is_refused_for_its_ttl,
         );
     };
+}
+
+/// Makes one `#[tokio::test]` per conformance check, each on a fresh backend from `$setup`, an
+/// expression of type `impl Future<Output = Option<impl Backend>>` (`None`: skipped).
+#[macro_export]
+macro_rules! store_conformance {
+    ($setup:expr) => {
+        $crate::__conformance_checks!(store_conformance; @each $setup;);
+    };
     (@each $setup:expr; $($check:ident),* $(,)?) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn $check() {
@@ -126,33 +136,21 @@ macro_rules! store_conformance {
     )*};
 }
 
+/// [`run_all`]'s body: each check in turn on `$backend`, cleared before each, its name printed.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_run_each {
+    ($backend:expr; $($check:ident),* $(,)?) => {$(
+        $backend.clear().await;
+        println!("store conformance: {}", stringify!($check));
+        $crate::conformance::$check($backend).await;
+    )*};
+}
+
 /// Runs every check on `backend`, one after another, clearing it before each; prints each
 /// check's name first, so a failure is found by the last name printed.
 pub async fn run_all<B: Backend>(backend: &B) {
-    macro_rules! each {
-        ($($check:ident),* $(,)?) => {$(
-            backend.clear().await;
-            println!("store conformance: {}", stringify!($check));
-            $check(backend).await;
-        )*};
-    }
-    // The same list as `store_conformance!`.
-    each!(
-        a_claim_is_exclusive_and_a_completed_record_replays,
-        release_frees_the_key_only_for_its_holder,
-        renew_extends_the_lease_only_for_its_holder,
-        a_lease_lapses_after_its_duration_and_not_before,
-        a_stale_token_can_neither_complete_release_nor_renew_its_successors_claim,
-        a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatches,
-        hashed_keys_and_scopes_are_isolated,
-        a_clone_shares_the_store,
-        two_hundred_keys_eight_concurrent_claimers_one_winner_each,
-        eight_concurrent_deliveries_of_two_hundred_keys_run_each_body_once,
-        generations_grow_with_every_claim_and_a_release_keeps_them,
-        an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poisoned,
-        a_crash_limit_of_zero_never_poisons,
-        a_poisoned_key_is_refused_for_its_ttl,
-    );
+    crate::__conformance_checks!(__conformance_run_each; backend;);
 }
 
 fn key(key: &str) -> StoreKey<'_> {
