@@ -136,8 +136,10 @@ impl Delivery {
         DELIVERY.try_with(|s| s.delivery).ok()
     }
 
-    /// Notes that a dead letter was written in the delivery in scope, if any.
-    pub(crate) fn dead_lettered() {
+    /// Notes that the job of the delivery in scope, if any, is settled: its one dead letter was
+    /// written now (a give-up) or before (a poisoned job's refusal), so it must not be delivered
+    /// again.
+    pub(crate) fn settle() {
         let _ = DELIVERY.try_with(|s| s.dead_lettered.set(true));
     }
 }

@@ -208,7 +208,7 @@ impl<'a> Idempotent<'a> {
                     }
                     // Settled either way (its one letter written now or before): a runner
                     // integration must not deliver it again.
-                    crate::attempt::Delivery::dead_lettered();
+                    crate::attempt::Delivery::settle();
                     return Err(E::from(Error::Poisoned { crashes }));
                 }
                 Claimed::InProgress { retry_in } => {

@@ -492,7 +492,7 @@ impl<'a> Retry<'a> {
                 .saturating_mul(self.policy.attempts)
                 .saturating_add(this_delivery)
         });
-        Delivery::dead_lettered();
+        Delivery::settle();
         let now = SystemTime::now();
         let first = self.first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
