@@ -650,3 +650,67 @@ async fn migrate_upgrades_a_table_made_before_crash_counting_and_reads_its_rows(
         })
     );
 }
+
+/// The claim statement of the build before crash counting, as it ran then: it takes over a row
+/// whose `expires_at` passed and knows nothing of `lease_ends_at` or `generation`.
+const FIRST_CLAIM: &str = r#"
+INSERT INTO jobguard_keys AS k (scope, key, token, fingerprint, result, expires_at)
+VALUES ($1, $2, $3, NULL, NULL, now() + interval '1 minute')
+ON CONFLICT (scope, key) DO UPDATE
+    SET token = excluded.token, fingerprint = excluded.fingerprint,
+        result = NULL, expires_at = excluded.expires_at
+    WHERE k.expires_at <= now()
+RETURNING 1
+"#;
+
+#[tokio::test]
+async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let store = connect(&server).await;
+    let k = key("rolling");
+    let options = ClaimOptions::new(LONG);
+    assert_eq!(
+        store.claim_with(k, "new-token", options).await,
+        Ok(Claimed::Acquired {
+            generation: 1,
+            crashes: 0
+        })
+    );
+    // The claim and its row lapse (moved into the past rather than waited for).
+    let (scope, stored) = PgStore::row_key(k);
+    sqlx::query(
+        "UPDATE jobguard_keys SET lease_ends_at = now() - interval '2 seconds', \
+         expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
+    )
+    .bind(&*scope)
+    .bind(&*stored)
+    .execute(store.pool())
+    .await
+    .unwrap();
+    // A worker of the earlier build takes the row over: its claim is live for a minute.
+    let taken = sqlx::query(FIRST_CLAIM)
+        .bind(&*scope)
+        .bind(&*stored)
+        .bind("old-token")
+        .fetch_optional(store.pool())
+        .await
+        .unwrap();
+    assert!(taken.is_some(), "the earlier build takes the expired row");
+    let lease = lease_left_us(&store, k).await.expect("a row");
+    assert!(lease > 50_000_000, "its lease is its expiry: {lease} µs");
+    // This build sees that claim as held, not as abandoned: no second holder, no crash.
+    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(k, "t", options).await else {
+        panic!("the earlier build's claim is in progress");
+    };
+    assert!(retry_in > Duration::from_secs(50), "{retry_in:?}");
+    store
+        .complete(k, "old-token", b"r", DAY)
+        .await
+        .expect("the earlier build's holder completes");
+    assert_eq!(
+        store.claim_with(k, "t", options).await,
+        Ok(Claimed::Completed(b"r".to_vec()))
+    );
+}

@@ -54,11 +54,20 @@
 //! (`ADD COLUMN IF NOT EXISTS`). A claim row written before has no `lease_ends_at`: its lease
 //! ends at its `expires_at`, as it did then.
 //!
-//! **Upgrading: stop the workers of the earlier build before workers of this one claim.** An
-//! earlier build's claim statement does not know `lease_ends_at`: taking over an expired row, it
-//! leaves the row's old `lease_ends_at` in place, and a claim by this build would then read that
-//! live claim as abandoned, take it over (two workers holding one key) and count a crash that
-//! did not happen. The same holds for the Redis store's records (see its module docs).
+//! **Upgrading while workers of the earlier build still run.** An earlier build's claim
+//! statement does not know `lease_ends_at`: taking over an expired row, it would leave the row's
+//! old `lease_ends_at` in place, and a claim by this build would then read that live claim as
+//! abandoned, take it over (two workers holding one key) and count a crash that did not happen.
+//! The migration therefore adds a trigger, `jobguard_keys_unknown_lease`, that clears
+//! `lease_ends_at` whenever a row changes hands without a new `generation` (only an earlier
+//! build's claim does that; every claim of this build counts a generation), so such a claim's
+//! lease ends at its `expires_at`, as it did then. The trigger's `WHEN` condition is checked
+//! without calling the function, so this build's own statements pay one comparison a row.
+//! The other way round is not covered: an earlier build reads this build's released row (no
+//! token, no result) as a completed one without a result, and fails that call (`Error::Corrupt`). So run
+//! [`migrate`](PgStore::migrate) first, then roll the workers over, and expect the earlier
+//! build's calls of keys this build released to fail (not to run twice) until it is gone. For the
+//! Redis store's records, see its module docs.
 //!
 //! Postgres `text` cannot hold a NUL byte, and a B-tree entry is limited to about 2.7 kB, so
 //! [`PgStore::row_key`] writes:
@@ -157,6 +166,26 @@ END
 $$;
 CREATE INDEX IF NOT EXISTS jobguard_keys_completed_expiry
     ON jobguard_keys (expires_at) WHERE token IS NULL;
+CREATE OR REPLACE FUNCTION jobguard_keys_unknown_lease() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.lease_ends_at := NULL;
+    RETURN NEW;
+END
+$$;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = 'jobguard_keys_unknown_lease'
+                     AND tgrelid = 'jobguard_keys'::regclass) THEN
+        CREATE TRIGGER jobguard_keys_unknown_lease
+            BEFORE UPDATE ON jobguard_keys FOR EACH ROW
+            WHEN (NEW.token IS NOT NULL AND NEW.token IS DISTINCT FROM OLD.token
+                  AND NEW.generation = OLD.generation)
+            EXECUTE FUNCTION jobguard_keys_unknown_lease();
+    END IF;
+END
+$$;
 "#;
 
     /// Connects a pool of up to 10 connections to `url`
