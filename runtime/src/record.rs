@@ -7,8 +7,12 @@ use std::fmt;
 use std::time::SystemTime;
 
 /// Why a job gave up and was dead-lettered.
+///
+/// New reasons may come in later versions (`Crashed` came with crash counting), so a `match`
+/// outside this crate needs a `_` arm; [`as_str`](GiveUp::as_str) names every reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum GiveUp {
     /// Every attempt failed transiently.
     Exhausted,
