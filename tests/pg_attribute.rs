@@ -2,47 +2,13 @@
 //! caller's transaction through the attribute, for both parameter types, and with `#[retry]`
 //! each attempt in a savepoint that a failed one rolls back.
 
+use jobguard_testkit::pg_job::JobError;
 use jobguard_testkit::postgres;
 
-use jobguard::{PgStore, Transient, Verdict};
+use jobguard::PgStore;
 use postgres::PgServer;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use std::sync::atomic::{AtomicU32, Ordering};
-
-#[derive(Debug)]
-enum JobError {
-    Db(sqlx::Error),
-    Guard(jobguard::Error),
-    Flaky,
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Db(e)
-    }
-}
-
-impl From<jobguard::Error> for JobError {
-    fn from(e: jobguard::Error) -> Self {
-        JobError::Guard(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
-
-impl Transient for JobError {
-    fn verdict(&self) -> Verdict {
-        match self {
-            JobError::Db(e) => e.verdict(),
-            JobError::Guard(e) => e.verdict(),
-            JobError::Flaky => Verdict::Retry,
-        }
-    }
-}
 
 #[jobguard::idempotent(key = order, transaction = tx)]
 async fn on_connection(tx: &mut PgConnection, order: &str) -> Result<i64, JobError> {

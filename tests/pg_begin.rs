@@ -6,12 +6,13 @@
 //! round trips each transactional form sends, counted by a proxy between the client and the
 //! server.
 
+use jobguard_testkit::pg_job::{JobError, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
 use jobguard::{Claim, Store, StoreKey};
 use postgres::PgServer;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::{Connection, PgConnection};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -21,40 +22,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const SCOPE: &str = "tests.begin";
-
-/// A job's error: the database's or jobguard's.
-#[derive(Debug)]
-enum JobError {
-    Db(sqlx::Error),
-    Guard(jobguard::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Db(e)
-    }
-}
-
-impl From<jobguard::Error> for JobError {
-    fn from(e: jobguard::Error) -> Self {
-        JobError::Guard(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
-
-impl jobguard::Transient for JobError {
-    fn verdict(&self) -> jobguard::Verdict {
-        match self {
-            JobError::Db(e) => e.verdict(),
-            JobError::Guard(e) => e.verdict(),
-        }
-    }
-}
 
 /// The attribute on a connection: called with one outside a transaction, jobguard begins the
 /// transaction with the claim and commits it.
@@ -74,15 +41,6 @@ async fn attributed_flaky(conn: &mut PgConnection, order: &str) -> Result<i64, J
         return Err(JobError::Guard(jobguard::Error::Store("flaky".into())));
     }
     Ok(id)
-}
-
-async fn pool(url: &str, size: u32) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(url)
-        .await
-        .expect("connect")
 }
 
 async fn setup(server: &PgServer) -> (PgStore, PgPool) {

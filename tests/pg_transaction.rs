@@ -3,13 +3,14 @@
 //! the key's row, 200 keys delivered 8 times each from 4 processes, a worker killed between its
 //! effect and its commit, and a deadlock retried in a savepoint.
 
+use jobguard_testkit::pg_job::{JobError, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
-use jobguard::{Claim, Policy, Store, StoreKey, Transient, Verdict};
+use jobguard::{Claim, Policy, Store, StoreKey};
 use jobguard_testkit::redis::rerun_test;
 use postgres::PgServer;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::{Connection, PgConnection};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -19,52 +20,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 const SCOPE: &str = "tests.effects";
-
-/// A job's error: the database's or jobguard's.
-#[derive(Debug)]
-enum JobError {
-    Db(sqlx::Error),
-    Guard(jobguard::Error),
-}
-
-impl From<sqlx::Error> for JobError {
-    fn from(e: sqlx::Error) -> Self {
-        JobError::Db(e)
-    }
-}
-
-impl From<jobguard::Error> for JobError {
-    fn from(e: jobguard::Error) -> Self {
-        JobError::Guard(e)
-    }
-}
-
-impl std::fmt::Display for JobError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JobError::Db(e) => write!(f, "database: {e}"),
-            JobError::Guard(e) => write!(f, "jobguard: {e}"),
-        }
-    }
-}
-
-impl Transient for JobError {
-    fn verdict(&self) -> Verdict {
-        match self {
-            JobError::Db(e) => e.verdict(),
-            JobError::Guard(e) => e.verdict(),
-        }
-    }
-}
-
-async fn pool(url: &str, size: u32) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(size)
-        .acquire_timeout(Duration::from_secs(60))
-        .connect(url)
-        .await
-        .expect("connect")
-}
 
 async fn setup(server: &PgServer) -> (PgStore, PgPool) {
     let pool = pool(&server.url(), 16).await;

@@ -1,6 +1,6 @@
 //! What jobguard's integration tests and benchmarks share, and nothing a user copies: a private
 //! `redis-server` per test on a free loopback port ([`redis`]), a private 6-node Redis Cluster
-//! ([`cluster`]), a private `postgres` ([`postgres`]), one conformance suite for every
+//! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share ([`pg_job`]), one conformance suite for every
 //! idempotency store ([`conformance`]), a reader of the Prometheus text format ([`prometheus`])
 //! and a counting allocator ([`alloc`]). Not published.
 #![warn(missing_docs)]
@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod cluster;
 pub mod conformance;
+pub mod pg_job;
 pub mod postgres;
 mod process;
 pub mod prometheus;

@@ -1,0 +1,61 @@
+//! What the Postgres tests' jobs share: an error that is the database's or jobguard's (or a
+//! made-up transient one), classified as jobguard classifies each, and a pool with a patient
+//! acquire timeout for tests that race many deliveries.
+
+use jobguard::{Transient, Verdict};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::time::Duration;
+
+/// A job's error: the database's, jobguard's, or a failure a test makes up to be retried.
+#[derive(Debug)]
+pub enum JobError {
+    /// The database's error, retried as `impl Transient for sqlx::Error` says.
+    Db(sqlx::Error),
+    /// jobguard's own error, retried as `impl Transient for jobguard::Error` says.
+    Guard(jobguard::Error),
+    /// A failure made up by a test, always retried.
+    Flaky,
+}
+
+impl From<sqlx::Error> for JobError {
+    fn from(e: sqlx::Error) -> Self {
+        JobError::Db(e)
+    }
+}
+
+impl From<jobguard::Error> for JobError {
+    fn from(e: jobguard::Error) -> Self {
+        JobError::Guard(e)
+    }
+}
+
+impl std::fmt::Display for JobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobError::Db(e) => write!(f, "database: {e}"),
+            JobError::Guard(e) => write!(f, "jobguard: {e}"),
+            JobError::Flaky => f.write_str("flaky"),
+        }
+    }
+}
+
+impl Transient for JobError {
+    fn verdict(&self) -> Verdict {
+        match self {
+            JobError::Db(e) => e.verdict(),
+            JobError::Guard(e) => e.verdict(),
+            JobError::Flaky => Verdict::Retry,
+        }
+    }
+}
+
+/// A pool of up to `size` connections to `url` that waits up to a minute for a connection, so
+/// that tests racing more deliveries than connections queue instead of failing.
+pub async fn pool(url: &str, size: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(url)
+        .await
+        .expect("connect")
+}
