@@ -18,43 +18,21 @@
 
 use jobguard_testkit::cluster;
 
+#[path = "support/redis_job.rs"]
+mod redis_job;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Store, StoreKey};
 use jobguard_testkit::redis::RedisServer;
+use redis_job::{flush, job, median};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const LEASE: Duration = Duration::from_secs(30);
-/// Short, so the keys the benchmark writes do not pile up in memory.
-const TTL: Duration = Duration::from_secs(30);
-/// What `#[idempotent]` stores for a small `Ok` value.
-const RECORD: &[u8] = br#"{"v":1,"ok":{"order_id":"order-123456","attempts_used":1}}"#;
 const TASKS: usize = 64;
 /// Jobs per round of our contenders and requests per `redis-benchmark` run.
 const JOBS: usize = 20_000;
 /// Interleaved rounds of every contender.
 const ROUNDS: usize = 5;
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// One idempotent job's store traffic: claim a fresh key, then complete it.
-async fn job(store: &RedisStore) {
-    let key = format!("job-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    let key = StoreKey {
-        scope: "bench.charge",
-        key: &key,
-    };
-    let claim = store
-        .claim(key, "token-0123456789abcdef", None, LEASE)
-        .await;
-    assert_eq!(claim, Ok(Claim::Acquired));
-    store
-        .complete(key, "token-0123456789abcdef", RECORD, TTL)
-        .await
-        .unwrap();
-}
 
 /// Runs `jobs` jobs from `TASKS` concurrent tasks; returns the wall time.
 async fn run(store: &RedisStore, jobs: u64) -> Duration {
@@ -92,21 +70,6 @@ fn redis_benchmark(port: u16, cluster: bool) -> Option<f64> {
     // "test","rps","avg_latency_ms",...; the cluster mode prints the masters before it.
     let line = text.lines().find(|l| l.starts_with("\"SET\""))?;
     line.split(',').nth(1)?.trim_matches('"').parse().ok()
-}
-
-fn flush(rt: &tokio::runtime::Runtime, store: &RedisStore) {
-    rt.block_on(async {
-        let _: () = redis::cmd("FLUSHALL")
-            .query_async(&mut store.connection())
-            .await
-            .unwrap();
-    });
-}
-
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn bench(c: &mut Criterion) {

@@ -16,43 +16,22 @@
 //! `JOBGUARD_BENCH_THREADS=N` sets the tokio worker threads (default 2; `0` is a current-thread
 //! runtime); `JOBGUARD_BENCH_QUICK=1` skips the criterion pass and prints only the table.
 
+#[path = "support/redis_job.rs"]
+mod redis_job;
+
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Store, StoreKey};
 use jobguard_testkit::redis::RedisServer;
+use redis_job::{NEXT, flush, job, median};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const LEASE: Duration = Duration::from_secs(30);
-/// Short, so the keys the benchmark writes do not pile up in memory.
-const TTL: Duration = Duration::from_secs(30);
-/// What `#[idempotent]` stores for a small `Ok` value.
-const RECORD: &[u8] = br#"{"v":1,"ok":{"order_id":"order-123456","attempts_used":1}}"#;
 const CONCURRENCY: [usize; 2] = [1, 64];
 /// Jobs per latency sample and per `redis-benchmark` run.
 const SAMPLE_JOBS: usize = 20_000;
 /// Interleaved rounds of every contender.
 const ROUNDS: usize = 5;
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// One idempotent job's store traffic: claim a fresh key, then complete it.
-async fn job(store: &RedisStore) {
-    let key = format!("job-{}", NEXT.fetch_add(1, Ordering::Relaxed));
-    let key = StoreKey {
-        scope: "bench.charge",
-        key: &key,
-    };
-    let claim = store
-        .claim(key, "token-0123456789abcdef", None, LEASE)
-        .await;
-    assert_eq!(claim, Ok(Claim::Acquired));
-    store
-        .complete(key, "token-0123456789abcdef", RECORD, TTL)
-        .await
-        .unwrap();
-}
 
 /// Runs `jobs` jobs from `tasks` concurrent tasks; returns the wall time and, when `sample`,
 /// every job's latency.
@@ -245,12 +224,6 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The client's own floor: one plain `SET NX PX` per job on the same connection manager.
 async fn set_nx_px(store: &RedisStore, tasks: usize, jobs: u64) -> Duration {
     let start = Instant::now();
@@ -278,15 +251,6 @@ async fn set_nx_px(store: &RedisStore, tasks: usize, jobs: u64) -> Duration {
         h.await.unwrap();
     }
     start.elapsed()
-}
-
-fn flush(rt: &tokio::runtime::Runtime, store: &RedisStore) {
-    rt.block_on(async {
-        let _: () = redis::cmd("FLUSHALL")
-            .query_async(&mut store.connection())
-            .await
-            .unwrap();
-    });
 }
 
 criterion_group!(benches, bench);
