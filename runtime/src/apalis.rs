@@ -66,7 +66,8 @@
 //!         .store(RedisStore::connect(url).await?)
 //!         .dead_letters(RedisDeadLetters::connect(url, "jobguard:dead").await?)
 //!         .build()
-//!         .install();
+//!         .install()
+//!         .map_err(|_| "a jobguard runtime was installed already")?;
 //!
 //!     let config = apalis_redis::Config::default()
 //!         .queue("charges")

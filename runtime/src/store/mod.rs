@@ -159,7 +159,7 @@ pub enum Claimed {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = ...` takes a `jobguard::Store`",
-    note = "use `jobguard::MemoryStore`, `jobguard::RedisStore` (feature `redis`), or implement `jobguard::Store` for your own"
+    note = "use `jobguard::MemoryStore`, `jobguard::RedisStore` (feature `redis`), `jobguard::PgStore` (feature `postgres`), or implement `jobguard::Store` for your own"
 )]
 pub trait Store: Send + Sync {
     /// Claims `key` for `lease` under `token`, unless it is claimed or completed. `fingerprint`,

@@ -22,7 +22,7 @@
 //! let store = PgStore::connect("postgres://app@127.0.0.1/app").await?;
 //! store.migrate().await?; // or apply `PgStore::MIGRATION` with your own migration tool
 //! let runtime = jobguard::Runtime::builder().store(store).build();
-//! runtime.install();
+//! let _ = runtime.install(); // the first install wins; a second hands its runtime back
 //! # Ok(()) }
 //! ```
 //!
@@ -659,7 +659,8 @@ impl Store for PgStore {
 }
 
 /// A connection that [`PgStore::in_transaction`] can claim a key in: a `PgConnection` or an
-/// `sqlx::Transaction<'_, Postgres>`. The body gets back the same type it was given.
+/// `sqlx::Transaction<'_, Postgres>`. Either way the body is given the `&mut PgConnection`
+/// underneath.
 pub trait TransactionConnection: Send {
     /// The connection underneath.
     fn connection(&mut self) -> &mut PgConnection;

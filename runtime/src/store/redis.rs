@@ -8,7 +8,7 @@
 //! // TLS with `rediss://`, AUTH with `redis://user:password@host/`.
 //! let store = RedisStore::connect("redis://127.0.0.1:6380/").await?;
 //! let runtime = jobguard::Runtime::builder().store(store).build();
-//! runtime.install();
+//! let _ = runtime.install(); // the first install wins; a second hands its runtime back
 //! # Ok(()) }
 //! ```
 //!
@@ -362,7 +362,7 @@ impl RedisStore {
     ///     "redis://10.0.0.3:7000/",
     /// ])
     /// .await?;
-    /// jobguard::Runtime::builder().store(store).build().install();
+    /// let _ = jobguard::Runtime::builder().store(store).build().install();
     /// # Ok(()) }
     /// ```
     ///
