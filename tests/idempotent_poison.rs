@@ -180,6 +180,46 @@ async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter()
     assert_eq!(reasons, vec![GiveUp::Crashed]);
 }
 
+/// The job's own dead-letter sink.
+static JOB_LETTERS: std::sync::LazyLock<MemoryDeadLetters> =
+    std::sync::LazyLock::new(MemoryDeadLetters::new);
+
+#[jobguard::idempotent(key = order, scope = "tests.poison.own_sink", lease = "5s", crashes = 1)]
+#[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", dead_letter = *JOB_LETTERS)]
+async fn with_own_sink(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(1)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crash_letter_goes_to_the_jobs_own_sink_like_its_other_letters() {
+    let store = MemoryStore::new();
+    let runtime_letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(runtime_letters.clone())
+        .build();
+    let k = StoreKey {
+        scope: "tests.poison.own_sink",
+        key: "order-S",
+    };
+    store
+        .claim_with(k, "dies", ClaimOptions::new(LEASE))
+        .await
+        .unwrap();
+    tokio::time::advance(LEASE).await;
+    let runs = AtomicU32::new(0);
+    let got = runtime.scope(with_own_sink("order-S", &runs)).await;
+    assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let reasons: Vec<GiveUp> = JOB_LETTERS.letters().iter().map(|l| l.reason).collect();
+    assert_eq!(reasons, vec![GiveUp::Crashed]);
+    assert!(
+        runtime_letters.letters().is_empty(),
+        "nothing in the runtime's sink"
+    );
+}
+
 /// What the body saw: the fence at the top, inside a `#[retry]` inside, in a nested function.
 #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Fences {

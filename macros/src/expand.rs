@@ -8,7 +8,7 @@ use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
+use syn::{Attribute, Block, Expr, Ident, ItemFn, Meta, Path, ReturnType, Type};
 
 /// Which attribute is expanding.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -217,7 +217,7 @@ fn expand(
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
-        (None, Some(i)) => idempotent_call(i, &krate, &job, ret, body),
+        (None, Some(i)) => idempotent_call(i, None, &krate, &job, ret, body),
         (Some(r), Some(i)) => {
             // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
             let body = match &i.transaction {
@@ -233,7 +233,9 @@ fn expand(
                 None => body,
             };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
-            idempotent_call(i, &krate, &job, ret, quote!(async { #inner }))
+            // The crash letter goes where the job's other letters go.
+            let sink = r.dead_letter.as_ref();
+            idempotent_call(i, sink, &krate, &job, ret, quote!(async { #inner }))
         }
         (None, None) => unreachable!("one attribute is expanding"),
     };
@@ -433,6 +435,7 @@ fn retry_loop(
 
 fn idempotent_call(
     i: &IdempotentArgs,
+    sink: Option<&Expr>,
     krate: &TokenStream,
     job: &TokenStream,
     ret: &Type,
@@ -470,6 +473,9 @@ fn idempotent_call(
     }
     if let Some(store) = &i.store {
         call.extend(quote_spanned!(store.span()=> .store(&#store)));
+    }
+    if let Some(sink) = sink {
+        call.extend(quote!(.dead_letter(&#sink)));
     }
     let run = Ident::new("run", ret.span());
     // Each bound is reported on the tokens it is about: the key's on the key expression, the

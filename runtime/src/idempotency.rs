@@ -37,14 +37,15 @@
 //! died (or stalled past its lease). The next claim takes it over, and the store counts it. The
 //! claim that finds [`crashes`](Idempotent::crashes) of them counted (3 by default) is refused:
 //! the call fails with [`Error::Poisoned`] (permanent, so `#[retry]` does not retry it), the job
-//! is dead-lettered once with [`GiveUp::Crashed`] through the runtime's
-//! dead-letter sink, and every later delivery is refused with [`Error::Poisoned`] and no letter,
+//! is dead-lettered once with [`GiveUp::Crashed`] through the job's dead-letter sink (its
+//! `#[retry(dead_letter = SINK)]`, else the runtime's), and every later delivery is refused with [`Error::Poisoned`] and no letter,
 //! until the key's TTL ends. A job that kills its worker (an abort, an out-of-memory kill, a
 //! segfault in a native library) thus runs at most `crashes` times, instead of taking down
 //! every worker its broker redelivers it to.
 
 use crate::attempt::{Fenced, FirstAttempt};
 use crate::bounds::{FromJobguard, Replayable};
+use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
@@ -74,6 +75,7 @@ pub struct Idempotent<'a> {
     wait: Option<Duration>,
     fingerprint: Option<String>,
     store: Option<Arc<dyn Store>>,
+    sink: Option<&'a dyn DeadLetterSink>,
 }
 
 impl<'a> Idempotent<'a> {
@@ -97,6 +99,7 @@ impl<'a> Idempotent<'a> {
             wait: None,
             fingerprint: None,
             store: None,
+            sink: None,
         }
     }
 
@@ -138,6 +141,14 @@ impl<'a> Idempotent<'a> {
     /// The store, instead of the runtime's.
     pub fn store<S: Store + Clone + 'static>(mut self, store: &S) -> Self {
         self.store = Some(Arc::new(store.clone()));
+        self
+    }
+
+    /// Where the job's one [`GiveUp::Crashed`] letter goes, instead of the runtime's sink: the
+    /// job's own (`#[retry(dead_letter = SINK)]` beside `#[idempotent]` passes it here), so that
+    /// every letter of a job lands in one place.
+    pub fn dead_letter(mut self, sink: &'a dyn DeadLetterSink) -> Self {
+        self.sink = Some(sink);
         self
     }
 
@@ -204,7 +215,7 @@ impl<'a> Idempotent<'a> {
                 Claimed::KeyReused => return Err(E::from(Error::KeyReused)),
                 Claimed::Poisoned { crashes, first } => {
                     if first {
-                        self.dead_letter(&runtime, crashes).await;
+                        self.letter_crashed(&runtime, crashes).await;
                     }
                     // Settled either way (its one letter written now or before): a runner
                     // integration must not deliver it again.
@@ -263,9 +274,10 @@ impl<'a> Idempotent<'a> {
         }
     }
 
-    /// Dead-letters a job whose claims were abandoned `crashes` times, through the runtime's
-    /// sink; a sink's failure is logged, never returned.
-    async fn dead_letter(&self, runtime: &Runtime, crashes: u32) {
+    /// Dead-letters a job whose claims were abandoned `crashes` times, through the job's sink
+    /// ([`dead_letter`](Self::dead_letter)) or else the runtime's; a sink's failure is logged,
+    /// never returned.
+    async fn letter_crashed(&self, runtime: &Runtime, crashes: u32) {
         let now = std::time::SystemTime::now();
         let error = Error::Poisoned { crashes };
         log_error(format_args!(
@@ -284,7 +296,11 @@ impl<'a> Idempotent<'a> {
         )
         .with_history(vec![error.to_string()]);
         runtime.emit(&Event::DeadLetter(&letter));
-        if let Err(e) = runtime.inner.dead_letters.send(letter).await {
+        let sent = match self.sink {
+            Some(sink) => sink.send(letter).await,
+            None => runtime.inner.dead_letters.send(letter).await,
+        };
+        if let Err(e) = sent {
             log_error(format_args!(
                 "jobguard: job {} gave up (crashed) but its dead letter was lost: {e}",
                 self.name
