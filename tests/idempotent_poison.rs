@@ -154,6 +154,17 @@ async fn retried(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
     Ok(1)
 }
 
+/// A worker of the job `scope` claims `order` with no crash limit and dies: once its lease has
+/// lapsed, the next claim counts one crash.
+async fn abandon(store: &MemoryStore, scope: &str, order: &str) {
+    let k = StoreKey { scope, key: order };
+    store
+        .claim_with(k, "dies", ClaimOptions::new(LEASE))
+        .await
+        .unwrap();
+    tokio::time::advance(LEASE).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter() {
     let store = MemoryStore::new();
@@ -162,15 +173,7 @@ async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter()
         .store(store.clone())
         .dead_letters(letters.clone())
         .build();
-    let k = StoreKey {
-        scope: "tests.poison.retried",
-        key: "order-R",
-    };
-    store
-        .claim_with(k, "dies", ClaimOptions::new(LEASE))
-        .await
-        .unwrap();
-    tokio::time::advance(LEASE).await;
+    abandon(&store, "tests.poison.retried", "order-R").await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(retried("order-R", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
@@ -199,15 +202,7 @@ async fn the_crash_letter_goes_to_the_jobs_own_sink_like_its_other_letters() {
         .store(store.clone())
         .dead_letters(runtime_letters.clone())
         .build();
-    let k = StoreKey {
-        scope: "tests.poison.own_sink",
-        key: "order-S",
-    };
-    store
-        .claim_with(k, "dies", ClaimOptions::new(LEASE))
-        .await
-        .unwrap();
-    tokio::time::advance(LEASE).await;
+    abandon(&store, "tests.poison.own_sink", "order-S").await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(with_own_sink("order-S", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
