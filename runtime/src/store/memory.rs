@@ -769,15 +769,13 @@ impl Shard {
     /// to another bucket (a rehash, or a larger table): the sweep's pass starts again, so that
     /// it still looks at each record once before it ends.
     #[inline]
-    fn insert(&mut self, record: Record) {
-        if self.table.len() == self.table.capacity() {
-            (self.pass_min, self.pass_left) = (u64::MAX, 0);
-        }
+    fn insert(&mut self, record: Record, heap: usize) {
+        let moves = self.table.len() == self.table.capacity();
         let expires = record.expires;
-        self.heap += record.heap();
+        self.heap += heap;
         self.table.insert_unique(record.hash, record, |r| r.hash);
-        if self.pass_left == 0 {
-            self.pass_left = self.table.num_buckets();
+        if moves {
+            (self.pass_min, self.pass_left) = (NEVER, self.table.num_buckets());
         }
         self.written(expires);
     }
@@ -871,7 +869,7 @@ impl Shard {
                 return Err(self.full(limits, now));
             }
         }
-        self.insert(record);
+        self.insert(record, heap);
         Ok(Claimed::Acquired {
             generation: 1,
             crashes: 0,
@@ -1843,7 +1841,9 @@ mod tests {
             };
             let hash = keys.hash(b"s", key.as_bytes());
             let at = 1_000 + i;
-            shard.insert(Record::claimed(hash, k, "t", None, at, 1_000_000 + i).unwrap());
+            let record = Record::claimed(hash, k, "t", None, at, 1_000_000 + i).unwrap();
+            let heap = record.heap();
+            shard.insert(record, heap);
         }
         let mut tally = Tally::default();
         // A pass over the whole table finds the earliest expiry; the sweep then rests.
