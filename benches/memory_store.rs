@@ -7,6 +7,16 @@
 //! JOBGUARD_BENCH_SIZES=10000,1000000 cargo bench --bench memory_store -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
+//! For instruction counts, `JOBGUARD_BENCH_ONLY=memory:JOBS` (or `bare:JOBS`) fills one
+//! contender to the first of the sizes, runs `JOBS` jobs on it and exits, without criterion:
+//! under `valgrind --tool=callgrind`, (Ir at 40,000 jobs - Ir at 20,000) / 20,000 is one job's
+//! instructions, the fill cancelling out.
+//!
+//! ```text
+//! cargo bench --bench memory_store --no-run
+//! JOBGUARD_BENCH_SIZES=10000 JOBGUARD_BENCH_ONLY=memory:20000 valgrind --tool=callgrind target/release/deps/memory_store-*
+//! ```
+//!
 //! The contenders, one job per iteration, with fresh keys (`job-` and 16 hex digits of a counter,
 //! written in place):
 //!
@@ -28,7 +38,7 @@
 //! them. A claim's time bounds how long it held its shard's lock. The check runs three times and
 //! prints the longest claim of each, and the longest of the claims that dropped records.
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use jobguard::{Claim, MemoryStore, Store, StoreKey};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -309,4 +319,56 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `JOBGUARD_BENCH_ONLY=memory:JOBS` or `bare:JOBS`: one contender, filled to the first size,
+/// runs `JOBS` jobs; nothing else (see the module docs).
+fn only(mode: &str) {
+    let (which, jobs) = mode
+        .split_once(':')
+        .expect("JOBGUARD_BENCH_ONLY: memory:JOBS or bare:JOBS");
+    let jobs: u64 = jobs.parse().expect("JOBGUARD_BENCH_ONLY: a number of jobs");
+    let n = sizes()[0];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    match which {
+        "memory" => {
+            let store = MemoryStore::builder()
+                .max_records(n)
+                .max_bytes(usize::MAX)
+                .min_retention(Duration::ZERO)
+                .build();
+            rt.block_on(async {
+                check(&store).await;
+                let mut buf = [0; 20];
+                for k in 0..n as u64 + jobs {
+                    memory_job(&store, write_key(k, &mut buf), TTL).await;
+                }
+            });
+            println!("{n} resident, {jobs} jobs: {:?}", store.stats());
+        }
+        "bare" => {
+            let bare = Bare {
+                map: Mutex::new(HashMap::new()),
+                resident: n as u64,
+            };
+            for k in 0..n as u64 + jobs {
+                bare.job(k);
+            }
+            println!(
+                "{n} resident, {jobs} jobs: {}",
+                bare.map.lock().unwrap().len()
+            );
+        }
+        other => panic!("JOBGUARD_BENCH_ONLY: memory or bare, not {other}"),
+    }
+}
+
+fn main() {
+    if let Ok(mode) = std::env::var("JOBGUARD_BENCH_ONLY") {
+        return only(&mode);
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -25,7 +25,9 @@
 //! four expired records from the old end of its shard's completion order (and four from its
 //! order of released keys) and looks at one more bucket of its shard's table (a lapsed claim, a
 //! record with a shorter TTL than older ones), so no operation holds a lock for long, however
-//! many records expire at once. A claim that finds no room looks at up to 256 buckets before it
+//! many records expire at once. (A shard knows a time before which none of its records expires,
+//! from its last pass over its table and the records written since: until then, it looks at no
+//! bucket.) A claim that finds no room looks at up to 256 buckets before it
 //! gives up.
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
@@ -149,7 +151,7 @@ impl MemoryStoreBuilder {
         };
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
                 hasher: SipKeys::random(),
                 epoch: Instant::now(),
                 limits,
@@ -224,6 +226,15 @@ struct Shard {
     heap: usize,
     /// The next bucket the expiry sweep looks at.
     cursor: usize,
+    /// No record of this shard expires before this time: until then, the sweep looks at no
+    /// bucket, since none can hold an expired record. A lower bound, lowered by every record
+    /// written and set again at the end of each pass of the sweep over the whole table.
+    due: u64,
+    /// The earliest expiry among the records the sweep's current pass looked at and kept, and
+    /// those written since the pass began ([`u64::MAX`] for none): the next [`Shard::due`].
+    pass_min: u64,
+    /// Buckets the current pass has still to look at before it covers the whole table.
+    pass_left: usize,
     /// The last completion stamp handed out: stamps are unique and increasing.
     last_stamp: u64,
     /// Records this shard gave up for room, and dropped as expired: counted under its lock,
@@ -518,6 +529,15 @@ impl Tally {
 }
 
 impl Shard {
+    /// An empty shard: nothing in it expires, ever, until a record is written.
+    fn new() -> Self {
+        Shard {
+            due: NEVER,
+            pass_min: NEVER,
+            ..Shard::default()
+        }
+    }
+
     /// Bytes counted against the bound.
     fn bytes(&self) -> usize {
         self.table.allocation_size() + self.heap + self.order.bytes() + self.freed.bytes()
@@ -688,7 +708,8 @@ impl Shard {
     /// Drops up to [`EXPIRE_STEP`] expired records from the old end of the completion order (and
     /// as many from the released keys'), then looks at `buckets` buckets of the table for any
     /// other expired record (a lapsed claim, a record with a shorter TTL than older ones), and
-    /// moves a compaction of either order on.
+    /// moves a compaction of either order on. The buckets are skipped while [`Shard::due`] says
+    /// that none holds an expired record.
     /// `pressed`: the shard is out of room, and abandoned claims (kept so the next claim can count
     /// them) go too.
     fn expire_some(&mut self, buckets: usize, now: u64, pressed: bool, tally: &mut Tally) {
@@ -709,7 +730,8 @@ impl Shard {
             }
         }
         let n = self.table.num_buckets();
-        if n == 0 {
+        // Nothing expired (and, unless pressed, nothing else to drop): no bucket to look at.
+        if n == 0 || (!pressed && now < self.due) {
             return;
         }
         for _ in 0..buckets.min(n) {
@@ -722,9 +744,40 @@ impl Shard {
                     self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
                     tally.expired += 1;
+                } else {
+                    self.pass_min = self.pass_min.min(record.expires);
                 }
             }
+            // A pass ends when it has looked at every bucket once: every record kept was
+            // looked at or written during it, so none expires before the earliest it saw.
+            self.pass_left = self.pass_left.saturating_sub(1);
+            if self.pass_left == 0 {
+                self.due = self.pass_min;
+                (self.pass_min, self.pass_left) = (u64::MAX, n);
+            }
         }
+    }
+
+    /// Notes the expiry of a record just written, for [`Shard::due`].
+    #[inline]
+    fn written(&mut self, expires: u64) {
+        self.due = self.due.min(expires);
+        self.pass_min = self.pass_min.min(expires);
+    }
+
+    /// Inserts a new record. An insert into a table without room left may move every record
+    /// to another bucket (a rehash, or a larger table): the sweep's pass starts again, so that
+    /// it still looks at each record once before it ends.
+    #[inline]
+    fn insert(&mut self, record: Record, heap: usize) {
+        let moves = self.table.len() == self.table.capacity();
+        let expires = record.expires;
+        self.heap += heap;
+        self.table.insert_unique(record.hash, record, |r| r.hash);
+        if moves {
+            (self.pass_min, self.pass_left) = (NEVER, self.table.num_buckets());
+        }
+        self.written(expires);
     }
 
     fn claim(
@@ -777,6 +830,7 @@ impl Shard {
                     record.expires = keep;
                     record.at = stamp;
                     self.heap = self.heap + record.heap() - before;
+                    self.written(keep);
                     let entry = Entry {
                         stamp,
                         hash,
@@ -796,9 +850,11 @@ impl Shard {
             let mut fresh = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
             generation = generation.saturating_add(1);
             (fresh.generation, fresh.crashes) = (generation, crashes);
+            let expires = fresh.expires;
             let old = std::mem::replace(record, fresh);
             self.heap = self.heap + record.heap() - old.heap();
             Self::unorder(&mut self.order, &mut self.freed, old.state);
+            self.written(expires);
             return Ok(Claimed::Acquired {
                 generation,
                 crashes,
@@ -813,8 +869,7 @@ impl Shard {
                 return Err(self.full(limits, now));
             }
         }
-        self.heap += heap;
-        self.table.insert_unique(hash, record, |r| r.hash);
+        self.insert(record, heap);
         Ok(Claimed::Acquired {
             generation: 1,
             crashes: 0,
@@ -857,6 +912,7 @@ impl Shard {
         record.expires = expires;
         record.at = stamp;
         self.heap = self.heap + record.heap() - before;
+        self.written(expires);
         let entry = Entry {
             stamp,
             hash,
@@ -1719,6 +1775,87 @@ mod tests {
             s.claim_counted(K, "d", &options).unwrap(),
             Claimed::Acquired { crashes: 0, .. }
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_only_the_sweep_finds_expire_however_the_tables_grew_since() {
+        let s = MemoryStore::new();
+        // Claims taken and never completed nor released: in no order, only the sweep finds
+        // them once their TTL ends.
+        let short = ClaimOptions::new(Duration::from_millis(1)).ttl(Duration::from_secs(1));
+        for i in 0..100 {
+            let key = format!("abandoned{i}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            assert!(matches!(
+                s.claim_counted(k, "t", &short).unwrap(),
+                Claimed::Acquired { .. }
+            ));
+        }
+        // The tables grow (each record moves to another bucket) while no record has expired.
+        fill(&s, "long", 5_000, Duration::from_secs(24 * 3600)).await;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let abandoned = |s: &MemoryStore| {
+            s.inner.shards.iter().fold(0, |n, shard| {
+                let shard = lock(shard);
+                n + shard
+                    .table
+                    .iter()
+                    .filter(|r| r.data.starts_with(b"sabandoned"))
+                    .count()
+            })
+        };
+        assert_eq!(abandoned(&s), 100);
+        // Jobs whose records live a millisecond: the tables stay the size they are, and each
+        // claim's sweep looks at one more bucket of its shard's.
+        let mut claims = 0;
+        while abandoned(&s) > 0 {
+            for _ in 0..100 {
+                let key = format!("new{claims}");
+                let k = StoreKey {
+                    scope: "s",
+                    key: &key,
+                };
+                assert_eq!(claim(&s, k, "t"), Claim::Acquired);
+                s.complete(k, "t", b"x", Duration::from_millis(1))
+                    .await
+                    .unwrap();
+                tokio::time::advance(Duration::from_millis(1)).await;
+                claims += 1;
+            }
+            assert!(claims < 50_000, "{:?}", s.stats());
+        }
+    }
+
+    #[test]
+    fn a_shard_with_nothing_due_looks_at_no_bucket() {
+        let mut shard = Shard::new();
+        let keys = SipKeys::random();
+        for i in 0..100u64 {
+            let key = i.to_string();
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            let hash = keys.hash(b"s", key.as_bytes());
+            let at = 1_000 + i;
+            let record = Record::claimed(hash, k, "t", None, at, 1_000_000 + i).unwrap();
+            let heap = record.heap();
+            shard.insert(record, heap);
+        }
+        let mut tally = Tally::default();
+        // A pass over the whole table finds the earliest expiry; the sweep then rests.
+        let n = shard.table.num_buckets();
+        shard.expire_some(n, 2_000, false, &mut tally);
+        assert_eq!(shard.due, 1_000_000);
+        let cursor = shard.cursor;
+        shard.expire_some(1, 2_000, false, &mut tally);
+        assert_eq!(shard.cursor, cursor, "nothing due: no bucket looked at");
+        // Pressed, it looks anyway (for lapsed claims), and drops them all.
+        shard.expire_some(n, 2_000, true, &mut tally);
+        assert_eq!((shard.table.len(), tally.expired), (0, 100));
     }
 
     /// Entries in each shard's two orders, and records in all.
