@@ -12,14 +12,15 @@
 //! [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records, then gives up the **oldest
-//! completed records first**, before their TTL. It never gives up a live claim, and never a
+//! completed records first**, before their TTL. It never gives up a live claim or a poisoned
+//! key (refused for its TTL, so that its job is not run and dead-lettered again), and never a
 //! record completed less than [`min_retention`](MemoryStoreBuilder::min_retention) ago (one hour
 //! by default): a redelivery within that window always replays. Each record given up is counted
 //! ([`MemoryStats::evicted`], [`Event::Evicted`](crate::Event::Evicted), the metric
 //! `jobguard_store_evictions_total`) and a warning is logged at most once a minute with the age of
 //! the records given up, so an operator sees that the TTL is not honoured, and why. Only when
-//! every record is a live claim or younger than `min_retention` does a new claim fail, closed,
-//! with [`Error::Store`].
+//! every record is a live claim, a poisoned key or younger than `min_retention` does a new claim
+//! fail, closed, with [`Error::Store`].
 //!
 //! Expired records are dropped a few at a time, by the claims that add records: each drops up to
 //! four expired records from the old end of its shard's completion order (and four from its
@@ -641,6 +642,10 @@ impl Shard {
 
     /// Drops the oldest completed record if it expired or is older than `floor`, and the stale
     /// entries before it (up to [`STALE_SKIP`]). `true` when it dropped anything.
+    ///
+    /// A poisoned record is kept until it expires, whatever its age, like a live claim: given up
+    /// early, its key would be claimed, run and crash again, and its job poisoned and
+    /// dead-lettered a second time. Its entry goes to the back of the order instead.
     fn give_up_first(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
         let mut dropped = false;
         for _ in 0..STALE_SKIP {
@@ -660,6 +665,11 @@ impl Shard {
             let age = now.saturating_sub(entry.stamp);
             if !expired && age < floor {
                 return dropped;
+            }
+            if !expired && found.get().state == State::Poisoned {
+                self.order.pop_front();
+                self.order.push(entry);
+                continue;
             }
             let (record, _) = found.remove();
             self.heap -= record.heap();
@@ -880,9 +890,15 @@ impl Shard {
     #[cold]
     fn full(&self, limits: &Limits, now: u64) -> Error {
         let claims = self.table.iter().filter(|r| r.live_claim(now)).count();
+        let poisoned = self
+            .table
+            .iter()
+            .filter(|r| r.state == State::Poisoned && r.expires > now)
+            .count();
         Error::Store(format!(
-            "memory store full: a shard's {} records ({claims} live claims, the rest completed \
-             less than min_retention {:?} ago) fill its {} of {} bytes; nothing can be given up \
+            "memory store full: a shard's {} records ({claims} live claims, {poisoned} poisoned \
+             keys, the rest completed less than min_retention {:?} ago) fill its {} of {} \
+             bytes; nothing can be given up \
              without forgetting a job that may still be redelivered. Raise \
              MemoryStore::builder().max_bytes, lower min_retention, or use a shared store",
             self.table.len(),
@@ -1749,6 +1765,45 @@ mod tests {
             ));
             tokio::time::advance(LEASE).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poisoned_record_is_never_given_up_for_room_before_its_ttl() {
+        // Full at 256 records with no floor: a new claim gives up the oldest completed one.
+        let s = MemoryStore::builder()
+            .max_records(256)
+            .min_retention(Duration::ZERO)
+            .build();
+        let options = ClaimOptions::new(LEASE).crashes(1);
+        assert!(matches!(
+            s.claim_counted(K, "a", &options).unwrap(),
+            Claimed::Acquired { .. }
+        ));
+        tokio::time::advance(LEASE).await;
+        assert!(matches!(
+            s.claim_counted(K, "b", &options).unwrap(),
+            Claimed::Poisoned { first: true, .. }
+        ));
+        for i in 0..2_000 {
+            let key = format!("job{i}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            assert_eq!(claim(&s, k, "t"), Claim::Acquired, "{key}");
+            s.complete(k, "t", b"r", Duration::from_secs(3600))
+                .await
+                .unwrap();
+        }
+        assert!(s.stats().evicted >= 1_500, "{:?}", s.stats());
+        assert_eq!(
+            s.claim_counted(K, "c", &options).unwrap(),
+            Claimed::Poisoned {
+                crashes: 1,
+                first: false
+            },
+            "still poisoned: not claimed, not lettered again"
+        );
     }
 
     #[tokio::test(start_paused = true)]

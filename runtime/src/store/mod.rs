@@ -183,8 +183,8 @@ pub trait Store: Send + Sync {
     /// When the history goes, the next claim starts again at generation 1 with no crash
     /// counted: after the TTL; when a completed record expires (a completed record keeps no
     /// generation); in [`MemoryStore`](memory::MemoryStore), when room is short (a released
-    /// key's history goes first, a lapsed claim when nothing else can), and a poisoned record
-    /// older than `min_retention` can be given up like a completed one. A downstream that keeps
+    /// key's history goes first, a lapsed claim when nothing else can; a poisoned record is kept
+    /// for its TTL, like a live claim, so a job is poisoned and lettered once). A downstream that keeps
     /// the largest fence it saw should therefore forget it after the job's TTL.
     ///
     /// The default implementation calls [`claim`](Store::claim): generation `0`, no crash
