@@ -22,7 +22,7 @@
 //! retried `Ok`, a refusal, a call that is not lean, every later poll) goes on in the same
 //! state machine, out of line.
 
-use crate::attempt::{self, Delivery, Running};
+use crate::attempt::{self, Delivery};
 use crate::bounds::FromJobguard;
 use crate::breaker::{CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
@@ -112,19 +112,14 @@ pub struct Retry<'a> {
     /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
     /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
     lean: bool,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]). A lean
-    /// call (below) reads it at its first stamp instead (the end of its first poll, or its first
-    /// failure), as nothing before needs it: the same runtime, unless the body installs one.
-    installed: Option<&'static Runtime>,
-    /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
-    running: Running,
-    /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
-    started: Option<Instant>,
-    /// The wall-clock starts of the first and the latest attempt, for the dead letter.
-    first_wall: Option<SystemTime>,
-    last_wall: Option<SystemTime>,
-    /// Whether the current attempt's wall-clock start has been taken.
-    stamped: bool,
+    /// The number of the attempt in the body (the attempts made so far), as
+    /// [`attempt()`](crate::attempt()) reads it.
+    number: u32,
+    /// What only a call that did not succeed at once needs: made when its first attempt is
+    /// admitted if the call is not lean, else at its first stamp (the end of an attempt's first
+    /// poll that did not accept it, or a refusal). A call that succeeds at once writes and checks
+    /// nothing else.
+    slow: Option<Slow>,
     /// What only a failure needs, allocated at the first one.
     failures: Option<Box<Failures>>,
     #[cfg(feature = "tracing")]
@@ -146,6 +141,40 @@ impl Drop for Retry<'_> {
 #[inline(never)]
 fn drop_failures(failures: Box<Failures>) {
     drop(failures);
+}
+
+/// What a call keeps once an attempt did not succeed at once (or from its start, when it is not
+/// lean): the clocks a time limit, a budget and a dead letter read.
+#[derive(Clone, Copy)]
+struct Slow {
+    /// The installed runtime when the call started (read when its first attempt is admitted, in
+    /// the poll that made the call), if any (see [`Current::installed`]). A lean call reads it
+    /// when it makes this part, as nothing before needs it: the same runtime, unless the body
+    /// installs one.
+    installed: Option<&'static Runtime>,
+    /// The running attempt's start on tokio's clock, once known (see
+    /// [`Attempt::started`](crate::Attempt::started)).
+    attempt_started: Option<Instant>,
+    /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
+    started: Option<Instant>,
+    /// The wall-clock starts of the first and the latest attempt, for the dead letter.
+    first_wall: Option<SystemTime>,
+    last_wall: Option<SystemTime>,
+    /// Whether the current attempt's wall-clock start has been taken.
+    stamped: bool,
+}
+
+impl Slow {
+    fn new(installed: Option<&'static Runtime>) -> Self {
+        Slow {
+            installed,
+            attempt_started: None,
+            started: None,
+            first_wall: None,
+            last_wall: None,
+            stamped: false,
+        }
+    }
 }
 
 /// The state only a failing call needs.
@@ -185,15 +214,8 @@ impl<'a> Retry<'a> {
             payload: None,
             watch,
             lean,
-            installed: if lean { None } else { Current::installed() },
-            running: Running {
-                number: 0,
-                started: None,
-            },
-            started: None,
-            first_wall: None,
-            last_wall: None,
-            stamped: false,
+            number: 0,
+            slow: None,
             failures: None,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
@@ -227,7 +249,7 @@ impl<'a> Retry<'a> {
 
     /// The number the next attempt will have, from 1.
     pub fn next_attempt(&self) -> u32 {
-        self.running.number + 1
+        self.number + 1
     }
 
     /// One turn of the loop for a job with no breaker, timeout or budget (so the runtime cannot
@@ -269,10 +291,18 @@ impl<'a> Retry<'a> {
 
     /// The runtime in scope, looked up once per failing call.
     fn runtime(&mut self) -> &Runtime {
-        let installed = self.installed;
+        let installed = self.slow().installed;
         self.failures()
             .runtime
             .get_or_insert_with(|| Current::with_installed(installed))
+    }
+
+    /// The part of the call state a call that did not succeed at once needs, made the first time
+    /// (for a lean call: reading the installed runtime now).
+    #[inline]
+    fn slow(&mut self) -> &mut Slow {
+        self.slow
+            .get_or_insert_with(|| Slow::new(Current::installed()))
     }
 
     /// The failure state, made at the first failure.
@@ -297,7 +327,7 @@ impl<'a> Retry<'a> {
         }
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.job, self.key);
-        let (known, installed) = (self.known, self.installed);
+        let (known, installed) = (self.known, self.slow().installed);
         match (self.watch, self.failures.as_mut()) {
             // A failing call keeps the runtime beside its failure state; a call that has not
             // failed holds nothing to drop and looks the runtime up for the event.
@@ -314,25 +344,23 @@ impl<'a> Retry<'a> {
     /// it runs under.
     #[inline(always)]
     fn admit(&mut self, permit: &mut Option<Permit<'a>>) -> Admitted {
+        // A call that is not lean fixes the installed runtime at its first admission.
+        self.slow();
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
                 Ok(granted) => *permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
             }
         }
-        self.running = Running {
-            number: self.running.number + 1,
-            started: None,
-        };
-        self.stamped = false;
+        self.number += 1;
+        self.next_attempt_starts(None);
         #[cfg(feature = "tracing")]
-        self.span
-            .record_attempt(self.job, self.key, self.running.number);
+        self.span.record_attempt(self.job, self.key, self.number);
         if self.watch != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.job,
                 key: self.key,
-                attempt: self.running.number,
+                attempt: self.number,
             });
         }
         match (self.policy.timeout, self.policy.budget) {
@@ -354,7 +382,7 @@ impl<'a> Retry<'a> {
         budget: Option<Duration>,
     ) -> Option<(Instant, Origin)> {
         let now = Instant::now();
-        let start = *self.started.get_or_insert(now);
+        let start = *self.slow().started.get_or_insert(now);
         let budget_end = budget.and_then(|b| start.checked_add(b));
         let timeout_end = timeout.and_then(|t| now.checked_add(t));
         match (timeout_end, budget_end) {
@@ -370,17 +398,27 @@ impl<'a> Retry<'a> {
     /// attempt that succeeds at once reads no clock at all.
     #[cold]
     fn stamp(&mut self) {
-        if !self.stamped {
-            self.stamped = true;
-            if self.lean && self.first_wall.is_none() {
-                self.installed = Current::installed();
-            }
+        let slow = self.slow();
+        if !slow.stamped {
+            slow.stamped = true;
             let now = SystemTime::now();
-            self.first_wall.get_or_insert(now);
-            self.last_wall = Some(now);
-            if self.running.started.is_none() {
-                self.running.started = Some(Instant::now());
+            slow.first_wall.get_or_insert(now);
+            slow.last_wall = Some(now);
+            if slow.attempt_started.is_none() {
+                slow.attempt_started = Some(Instant::now());
             }
+        }
+    }
+
+    /// A new attempt is in the body: its start is `started` (what it learned during its first
+    /// poll, if anything), and its wall-clock start is not taken yet.
+    #[inline]
+    fn next_attempt_starts(&mut self, started: Option<Instant>) {
+        if let Some(slow) = self.slow.as_mut() {
+            slow.attempt_started = started;
+            slow.stamped = false;
+        } else if started.is_some() {
+            self.slow().attempt_started = started;
         }
     }
 
@@ -394,7 +432,7 @@ impl<'a> Retry<'a> {
             self.emit(&Event::Succeeded {
                 job: self.job,
                 key: self.key,
-                attempts: self.running.number,
+                attempts: self.number,
             });
         }
     }
@@ -420,10 +458,10 @@ impl<'a> Retry<'a> {
         }
         let policy = self.policy;
         let elapsed = policy.budget.and_then(|budget| {
-            let start = *self.started.get_or_insert_with(Instant::now);
+            let start = *self.slow().started.get_or_insert_with(Instant::now);
             start.checked_add(budget).map(|_| start.elapsed())
         });
-        let attempt = self.running.number;
+        let attempt = self.number;
         let decision = decide(policy, attempt, origin, verdict, elapsed, || {
             self.jittered(attempt)
         });
@@ -472,7 +510,7 @@ impl<'a> Retry<'a> {
     /// policy's attempts (see `jobguard::apalis` for when that is exact).
     fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
         let delivery = Delivery::current();
-        let this_delivery = self.running.number;
+        let this_delivery = self.number;
         if let Some(delivery) = delivery
             && !delivery.last
             && redeliverable(reason)
@@ -494,7 +532,12 @@ impl<'a> Retry<'a> {
         });
         Delivery::settle();
         let now = SystemTime::now();
-        let first = self.first_wall.unwrap_or(now);
+        let Slow {
+            first_wall,
+            last_wall,
+            ..
+        } = *self.slow();
+        let first = first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
@@ -502,7 +545,7 @@ impl<'a> Retry<'a> {
             attempts,
             error,
             first,
-            self.last_wall.unwrap_or(first),
+            last_wall.unwrap_or(first),
         );
         let payload = self.payload;
         let letter = self.failures().trail.seal(payload, letter);
@@ -733,13 +776,11 @@ where
                 Err(retry_in) => return self.refused(cx, retry_in),
             },
         };
-        let mut running = Running {
-            number: this.retry.running.number + 1,
-            started: None,
-        };
+        let number = this.retry.number + 1;
+        let mut started = None;
         let attempt = this.attempt;
-        let polled = attempt::poll_in(&mut running, || attempt.poll(cx));
-        this.retry.running = running;
+        let polled = attempt::poll_in(number, &mut started, || attempt.poll(cx));
+        this.retry.number = number;
         let classified = match &polled {
             Poll::Ready(Ok(value)) => match this.on_ok.take() {
                 Some(on_ok) => Some(on_ok(value)),
@@ -756,7 +797,7 @@ where
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
             (polled, classified) => {
-                this.retry.stamped = false;
+                this.retry.next_attempt_starts(started);
                 *this.state = State::Run { cut: Origin::Body };
                 *this.permit = permit;
                 match polled {
@@ -861,7 +902,9 @@ where
                 #[cfg(feature = "tracing")]
                 let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
                 let attempt = this.attempt.as_mut();
-                attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
+                let number = this.retry.number;
+                let started = &mut this.retry.slow().attempt_started;
+                attempt::poll_in(number, started, || attempt.poll(cx))
             };
             let (result, origin) = match polled {
                 Poll::Ready(result) => (result, Origin::Body),
