@@ -621,10 +621,11 @@ pin_project_lite::pin_project! {
     /// accept its outcome, sleep before the next attempt, or give up. Resolves to `Break` with
     /// the call's result, or `Continue` when the loop makes the next attempt.
     ///
-    /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
-    /// failed) are pinned beside the [`State`], which says which of them is live.
+    /// The attempt is pinned beside the [`State`]; what only a round that did not succeed at
+    /// once holds (the breaker's permit, the one timer, the give-up) is one part, [`Held`],
+    /// made when the round first needs it, so that a round accepted at once writes and drops one
+    /// word for all of it.
     #[must_use = "a round does nothing unless awaited"]
-    #[project = RoundProj]
     pub struct Round<'r, 'a, T, E, F, C, K> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
@@ -632,56 +633,38 @@ pin_project_lite::pin_project! {
         // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
         lift: Option<fn(Error) -> E>,
         state: State,
+        #[pin]
+        attempt: F,
+        #[pin]
+        held: Option<Held<'a, T, E>>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// What a round holds once its attempt did not succeed at its first poll (or from its first
+    /// poll, on a call that is not lean).
+    #[project = HeldProj]
+    struct Held<'a, T, E> {
         // The breaker's permit for the attempt, while it runs.
         permit: Option<Permit<'a>>,
         // While giving up: the dead letter on its way, and the result to return after it.
-        giving_up: OutOfLine<GivingUp<'a, T, E>>,
-        #[pin]
-        attempt: F,
+        giving_up: Option<GivingUp<'a, T, E>>,
+        // The attempt's time limit while it runs, the delay after it failed.
         #[pin]
         timer: Option<Sleep>,
     }
 }
 
-/// An `Option` whose content, when there is one, is dropped out of line: what a dropped holder
-/// inlines is one check, whatever the content's own drop glue. For state only a rare path fills.
-/// (`ManuallyDrop` only keeps the compiler from adding the `Option`'s glue after `drop`, which
-/// has emptied it: nothing here is ever leaked.)
-struct OutOfLine<D>(std::mem::ManuallyDrop<Option<D>>);
-
-impl<D> OutOfLine<D> {
-    const fn none() -> Self {
-        OutOfLine(std::mem::ManuallyDrop::new(None))
-    }
-}
-
-impl<D> Drop for OutOfLine<D> {
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(dropped) = self.0.take() {
-            drop_cold(dropped);
-        }
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn drop_cold<D>(dropped: D) {
-    drop(dropped);
-}
-
-impl<D> std::ops::Deref for OutOfLine<D> {
-    type Target = Option<D>;
-
-    fn deref(&self) -> &Option<D> {
-        &self.0
-    }
-}
-
-impl<D> std::ops::DerefMut for OutOfLine<D> {
-    fn deref_mut(&mut self) -> &mut Option<D> {
-        &mut self.0
-    }
+/// A round as its slow path works on it: the [`Held`] part made and projected beside the rest.
+struct Parts<'p, 'r, 'a, T, E, C, K> {
+    retry: &'p mut &'r mut Retry<'a>,
+    on_err: &'p mut Option<C>,
+    on_ok: &'p mut Option<K>,
+    lift: Option<fn(Error) -> E>,
+    state: &'p mut State,
+    permit: &'p mut Option<Permit<'a>>,
+    giving_up: &'p mut Option<GivingUp<'a, T, E>>,
+    timer: Pin<&'p mut Option<Sleep>>,
 }
 
 /// A give-up in progress: the dead letter on its way, and the result to return after it.
@@ -716,10 +699,8 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: None,
             lift,
             state: State::Admit,
-            permit: None,
-            giving_up: OutOfLine::none(),
             attempt,
-            timer: None,
+            held: None,
         }
     }
 
@@ -739,11 +720,39 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: Some(on_ok),
             lift: self.lift,
             state: self.state,
-            permit: self.permit,
-            giving_up: self.giving_up,
             attempt: self.attempt,
-            timer: self.timer,
+            held: self.held,
         }
+    }
+
+    /// The round's parts for its slow path, its [`Held`] part made if it was not yet, and the
+    /// attempt.
+    #[inline]
+    fn parts(self: Pin<&mut Self>) -> (Parts<'_, 'r, 'a, T, E, C, K>, Pin<&mut F>) {
+        let this = self.project();
+        let mut held = this.held;
+        if held.is_none() {
+            held.set(Some(Held {
+                permit: None,
+                giving_up: None,
+                timer: None,
+            }));
+        }
+        let held = match held.as_pin_mut() {
+            Some(held) => held.project(),
+            None => unreachable!("the held part was just made"),
+        };
+        let parts = Parts {
+            retry: this.retry,
+            on_err: this.on_err,
+            on_ok: this.on_ok,
+            lift: *this.lift,
+            state: this.state,
+            permit: held.permit,
+            giving_up: held.giving_up,
+            timer: held.timer,
+        };
+        (parts, this.attempt)
     }
 }
 
@@ -796,20 +805,7 @@ where
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            (polled, classified) => {
-                this.retry.next_attempt_starts(started);
-                *this.state = State::Run { cut: Origin::Body };
-                *this.permit = permit;
-                match polled {
-                    // No timer was set (a lean call has no time limit): a pending attempt only
-                    // waits.
-                    Poll::Pending => {
-                        this.retry.stamp();
-                        Poll::Pending
-                    }
-                    Poll::Ready(result) => self.settled(cx, result, classified),
-                }
-            }
+            (polled, classified) => self.went_on(cx, polled, classified, permit, started),
         }
     }
 }
@@ -830,48 +826,64 @@ where
         cx: &mut Context<'_>,
         retry_in: Duration,
     ) -> Poll<ControlFlow<Result<T, E>>> {
-        Self::refuse(&mut self.as_mut().project(), retry_in);
+        Self::refuse(&mut self.as_mut().parts().0, retry_in);
         self.drive(cx)
     }
 
-    /// The inline path's outcome when it is not an accepted `Ok`: the round goes on from it
-    /// (`classified`: what `on_ok` said of an `Ok`).
+    /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
+    /// said of an `Ok`), or its attempt pending: the round goes on from it with the attempt's
+    /// `permit` and the `started` it learned.
     #[cold]
     #[inline(never)]
-    fn settled(
+    fn went_on(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        result: Result<T, E>,
+        polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
+        permit: Option<Permit<'a>>,
+        started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
-        let mut this = self.as_mut().project();
-        if let ControlFlow::Break(done) = Self::settle(&mut this, result, Origin::Body, classified)
-        {
-            return Poll::Ready(ControlFlow::Break(done));
+        let (mut this, _) = self.as_mut().parts();
+        this.retry.next_attempt_starts(started);
+        *this.state = State::Run { cut: Origin::Body };
+        *this.permit = permit;
+        match polled {
+            // No timer was set (a lean call has no time limit): a pending attempt only waits.
+            Poll::Pending => {
+                this.retry.stamp();
+                Poll::Pending
+            }
+            Poll::Ready(result) => {
+                if let ControlFlow::Break(done) =
+                    Self::settle(&mut this, result, Origin::Body, classified)
+                {
+                    return Poll::Ready(ControlFlow::Break(done));
+                }
+                self.drive(cx)
+            }
         }
-        self.drive(cx)
     }
 
     /// Everything but the success path of [`Round::poll`]: the loop over the round's states.
     #[inline(never)]
     fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ControlFlow<Result<T, E>>> {
-        let mut this = self.project();
+        let (mut this, mut attempt) = self.parts();
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
             // straight on to its first poll below, without another turn of the loop.
             let cut = match *this.state {
                 State::Run { cut } => cut,
-                State::Admit => match (this.retry.admit(this.permit), *this.lift) {
-                    (Admitted::Run, _) => {
+                State::Admit => match this.retry.admit(this.permit) {
+                    Admitted::Run => {
                         *this.state = State::Run { cut: Origin::Body };
                         Origin::Body
                     }
-                    (Admitted::Until(at, cut), _) => {
+                    Admitted::Until(at, cut) => {
                         this.timer.set(Some(tokio::time::sleep_until(at)));
                         *this.state = State::Run { cut };
                         cut
                     }
-                    (Admitted::Refused(retry_in), _) => {
+                    Admitted::Refused(retry_in) => {
                         Self::refuse(&mut this, retry_in);
                         continue;
                     }
@@ -901,7 +913,7 @@ where
             let polled = {
                 #[cfg(feature = "tracing")]
                 let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
-                let attempt = this.attempt.as_mut();
+                let attempt = attempt.as_mut();
                 let number = this.retry.number;
                 let started = &mut this.retry.slow().attempt_started;
                 attempt::poll_in(number, started, || attempt.poll(cx))
@@ -910,7 +922,7 @@ where
                 Poll::Ready(result) => (result, Origin::Body),
                 Poll::Pending => {
                     let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
-                    match (limit, *this.lift) {
+                    match (limit, this.lift) {
                         (Some(Poll::Ready(())), Some(lift)) => {
                             let error = match cut {
                                 Origin::Budget => Error::Budget,
@@ -934,15 +946,14 @@ where
     /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
     /// giving up (or asleep, for a refusal the policy retries).
     #[inline(always)]
-    fn refuse(this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>, retry_in: Duration) {
-        match *this.lift {
+    fn refuse(this: &mut Parts<'_, '_, 'a, T, E, C, K>, retry_in: Duration) {
+        match this.lift {
             Some(lift) => {
                 let refused = Error::CircuitOpen { retry_in };
                 let next = this
                     .retry
                     .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
-                *this.state =
-                    Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                Self::after(this, next, Err(lift(refused)));
             }
             // Only a guarded round has a breaker to refuse it.
             None => unreachable!("a breaker on an unguarded round"),
@@ -953,7 +964,7 @@ where
     /// else the round goes on asleep before the next attempt or giving up (`Continue`).
     #[inline(always)]
     fn settle(
-        this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>,
+        this: &mut Parts<'_, '_, 'a, T, E, C, K>,
         result: Result<T, E>,
         origin: Origin,
         classified: Option<Verdict>,
@@ -986,7 +997,7 @@ where
                 .retry
                 .failed(error, origin, verdict, this.permit.take()),
         };
-        *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+        Self::after(this, next, result);
         ControlFlow::Continue(())
     }
 }
@@ -996,23 +1007,19 @@ impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
     /// The failed attempt's result is dropped when the loop goes on, and kept to be returned
     /// when it gives up.
     #[cold]
-    fn after(
-        next: Next<'a>,
-        result: Result<T, E>,
-        timer: &mut Pin<&mut Option<Sleep>>,
-        giving_up: &mut Option<GivingUp<'a, T, E>>,
-    ) -> State {
-        match next {
+    fn after(this: &mut Parts<'_, '_, 'a, T, E, C, K>, next: Next<'a>, result: Result<T, E>) {
+        *this.state = match next {
             Next::RetryAfter(delay) => {
-                timer.set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
+                this.timer
+                    .set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
                 State::Sleep
             }
             Next::GiveUp(sending) => {
-                timer.set(None);
-                *giving_up = Some(GivingUp { sending, result });
+                this.timer.set(None);
+                *this.giving_up = Some(GivingUp { sending, result });
                 State::GiveUp
             }
-        }
+        };
     }
 }
 
