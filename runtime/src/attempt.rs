@@ -274,12 +274,47 @@ pub fn fence() -> Option<u64> {
 
 /// Polls `poll` with attempt `number` as the attempt in the body, its start `started` when it is
 /// known, and keeps the start it learned in `started`. The attempt outside (a guarded call
-/// inside another) is put back afterwards, also when `poll` panics. A call that nobody asks
-/// about reads and writes one thread-local word on the way in and again on the way out, with one
-/// sign test each way.
+/// inside another) is put back afterwards, also when `poll` panics.
+///
+/// The common case, where neither this attempt nor the one outside has its start in the shared
+/// start cell, reads and writes one thread-local word on the way in and again on the way out,
+/// with one sign test each way, and keeps only the outer word for a panic to put back.
 #[inline(always)]
-pub(crate) fn poll_in<R>(
-    number: u32,
+pub(crate) fn poll_in<R>(number: u32, started: &mut Option<Instant>, poll: impl FnOnce() -> R) -> R {
+    /// Puts the attempt outside back, also when the body panics.
+    struct Restore(u64);
+    impl Drop for Restore {
+        #[inline(always)]
+        fn drop(&mut self) {
+            CURRENT.set(self.0);
+        }
+    }
+    let mut current = u64::from(number);
+    if started.is_some() {
+        current |= HAS_START;
+    }
+    let outer = CURRENT.replace(current);
+    if (outer | current) & HAS_START != 0 {
+        return poll_in_sharing(outer, started, poll);
+    }
+    let restore = Restore(outer);
+    let polled = poll();
+    let inner = CURRENT.get();
+    drop(restore);
+    // The attempt asked for its start during this poll: keep it for its later polls. (The start
+    // cell is left as it is: the word outside has no start flag, so nothing reads it.)
+    if inner & HAS_START != 0 {
+        *started = STARTED.get();
+    }
+    polled
+}
+
+/// [`poll_in`] when the start cell is in use, by this attempt or by the one outside (`outer`):
+/// it is saved and put back around the poll. `CURRENT` holds this attempt's word already.
+#[cold]
+#[inline(never)]
+fn poll_in_sharing<R>(
+    outer: u64,
     started: &mut Option<Instant>,
     poll: impl FnOnce() -> R,
 ) -> R {
@@ -289,20 +324,8 @@ pub(crate) fn poll_in<R>(
         started: &'r mut Option<Instant>,
     }
     impl Drop for Restore<'_> {
-        #[inline(always)]
         fn drop(&mut self) {
-            let inner = CURRENT.replace(self.outer);
-            // One test for both: the attempt learned its start, or the one outside had its own.
-            if (inner | self.outer) & HAS_START != 0 {
-                self.swap_starts(inner);
-            }
-        }
-    }
-    impl Restore<'_> {
-        #[cold]
-        #[inline(never)]
-        fn swap_starts(&mut self, inner: u64) {
-            if inner & HAS_START != 0 {
+            if CURRENT.replace(self.outer) & HAS_START != 0 {
                 *self.started = STARTED.get();
             }
             if self.outer & HAS_START != 0 {
@@ -310,17 +333,7 @@ pub(crate) fn poll_in<R>(
             }
         }
     }
-    let mut current = u64::from(number);
-    if started.is_some() {
-        current |= HAS_START;
-    }
-    let outer = CURRENT.replace(current);
-    // The start cell is shared with the attempt outside: saved only when one of the two uses it.
-    let outer_started = if (outer | current) & HAS_START != 0 {
-        STARTED.replace(*started)
-    } else {
-        None
-    };
+    let outer_started = STARTED.replace(*started);
     let _restore = Restore {
         outer,
         outer_started,
