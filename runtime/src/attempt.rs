@@ -280,7 +280,11 @@ pub fn fence() -> Option<u64> {
 /// start cell, reads and writes one thread-local word on the way in and again on the way out,
 /// with one sign test each way, and keeps only the outer word for a panic to put back.
 #[inline(always)]
-pub(crate) fn poll_in<R>(number: u32, started: &mut Option<Instant>, poll: impl FnOnce() -> R) -> R {
+pub(crate) fn poll_in<R>(
+    number: u32,
+    started: &mut Option<Instant>,
+    poll: impl FnOnce() -> R,
+) -> R {
     /// Puts the attempt outside back, also when the body panics.
     struct Restore(u64);
     impl Drop for Restore {
@@ -313,11 +317,7 @@ pub(crate) fn poll_in<R>(number: u32, started: &mut Option<Instant>, poll: impl 
 /// it is saved and put back around the poll. `CURRENT` holds this attempt's word already.
 #[cold]
 #[inline(never)]
-fn poll_in_sharing<R>(
-    outer: u64,
-    started: &mut Option<Instant>,
-    poll: impl FnOnce() -> R,
-) -> R {
+fn poll_in_sharing<R>(outer: u64, started: &mut Option<Instant>, poll: impl FnOnce() -> R) -> R {
     struct Restore<'r> {
         outer: u64,
         outer_started: Option<Instant>,

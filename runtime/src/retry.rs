@@ -261,7 +261,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -279,7 +279,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -585,8 +585,35 @@ const fn redeliverable(reason: GiveUp) -> bool {
     )
 }
 
-/// The `on_ok` of a round without one: every `Ok` is accepted (it is never called).
-pub type AcceptOk<T> = fn(&T) -> Verdict;
+/// What a round asks of an `Ok` value: a closure `FnOnce(&T) -> Verdict` (from
+/// [`Round::on_ok`]), or [`AcceptOk`], which accepts every `Ok` without being asked.
+pub trait OkVerdict<T> {
+    /// Whether every `Ok` is accepted, so that the round need not ask: known at compile time.
+    const ACCEPTS_ALL: bool = false;
+
+    /// The verdict on `value`: [`Verdict::Fail`] accepts it, a retryable verdict retries it.
+    fn verdict(self, value: &T) -> Verdict;
+}
+
+impl<T, K: FnOnce(&T) -> Verdict> OkVerdict<T> for K {
+    #[inline]
+    fn verdict(self, value: &T) -> Verdict {
+        self(value)
+    }
+}
+
+/// The `on_ok` of a round without one: every `Ok` is accepted, without a call or a check.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptOk;
+
+impl<T> OkVerdict<T> for AcceptOk {
+    const ACCEPTS_ALL: bool = true;
+
+    #[inline]
+    fn verdict(self, _: &T) -> Verdict {
+        Verdict::Fail
+    }
+}
 
 /// The dead letter on its way to the sink.
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -761,7 +788,7 @@ where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    K: FnOnce(&T) -> Verdict,
+    K: OkVerdict<T>,
     E: Display,
 {
     type Output = ControlFlow<Result<T, E>>;
@@ -791,8 +818,9 @@ where
         let polled = attempt::poll_in(number, &mut started, || attempt.poll(cx));
         this.retry.number = number;
         let classified = match &polled {
+            Poll::Ready(Ok(_)) if K::ACCEPTS_ALL => Some(Verdict::Fail),
             Poll::Ready(Ok(value)) => match this.on_ok.take() {
-                Some(on_ok) => Some(on_ok(value)),
+                Some(on_ok) => Some(on_ok.verdict(value)),
                 None => Some(Verdict::Fail),
             },
             _ => None,
@@ -815,7 +843,7 @@ where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    K: FnOnce(&T) -> Verdict,
+    K: OkVerdict<T>,
     E: Display,
 {
     /// The inline path's refusal: the breaker refused the round's first attempt.
@@ -972,8 +1000,9 @@ where
         let verdict = match (&result, origin, classified) {
             // `on_ok` was asked already, on the inline path.
             (_, _, Some(verdict)) => verdict,
+            (Ok(_), _, None) if K::ACCEPTS_ALL => Verdict::Fail,
             (Ok(value), _, None) => match this.on_ok.take() {
-                Some(on_ok) => on_ok(value),
+                Some(on_ok) => on_ok.verdict(value),
                 None => Verdict::Fail,
             },
             (Err(error), Origin::Body, None) => match this.on_err.take() {
