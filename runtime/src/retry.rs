@@ -165,6 +165,12 @@ struct Slow {
 }
 
 impl Slow {
+    /// The slow part in `slow`, made the first time (reading the installed runtime then).
+    #[inline]
+    fn of(slow: &mut Option<Slow>) -> &mut Slow {
+        slow.get_or_insert_with(|| Slow::new(Current::installed()))
+    }
+
     fn new(installed: Option<&'static Runtime>) -> Self {
         Slow {
             installed,
@@ -301,8 +307,7 @@ impl<'a> Retry<'a> {
     /// (for a lean call: reading the installed runtime now).
     #[inline]
     fn slow(&mut self) -> &mut Slow {
-        self.slow
-            .get_or_insert_with(|| Slow::new(Current::installed()))
+        Slow::of(&mut self.slow)
     }
 
     /// The failure state, made at the first failure.
@@ -325,9 +330,9 @@ impl<'a> Retry<'a> {
         if self.watch == Watch::Nobody {
             return;
         }
+        let (known, installed) = (self.known, self.slow().installed);
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.job, self.key);
-        let (known, installed) = (self.known, self.slow().installed);
         match (self.watch, self.failures.as_mut()) {
             // A failing call keeps the runtime beside its failure state; a call that has not
             // failed holds nothing to drop and looks the runtime up for the event.
@@ -943,7 +948,7 @@ where
                 let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
                 let attempt = attempt.as_mut();
                 let number = this.retry.number;
-                let started = &mut this.retry.slow().attempt_started;
+                let started = &mut Slow::of(&mut this.retry.slow).attempt_started;
                 attempt::poll_in(number, started, || attempt.poll(cx))
             };
             let (result, origin) = match polled {
