@@ -15,12 +15,12 @@
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
 //! observes.
 //!
-//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches
-//! and the policy has no `timeout` or `budget`; decided once, when the call starts), the first
-//! poll of a [`Round`] asks the breaker if there is one, polls the attempt with its number in
-//! scope and returns an accepted `Ok` inline. Anything else (a pending or failed attempt, a
-//! retried `Ok`, a refusal, a call that is not lean, every later poll) goes on in the same
-//! state machine, out of line.
+//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches,
+//! or only `metrics` does, and the policy has no `timeout` or `budget`; decided once, when the
+//! call starts), the first poll of a [`Round`] asks the breaker if there is one, polls the
+//! attempt with its number in scope and returns an accepted `Ok` inline. Anything else (a
+//! pending or failed attempt, a retried `Ok`, a refusal, a call that is not lean, every later
+//! poll) goes on in the same state machine, out of line.
 
 use crate::attempt::{self, Delivery};
 use crate::bounds::FromJobguard;
@@ -109,7 +109,8 @@ pub struct Retry<'a> {
     /// Who sees this call's events, decided when it starts.
     watch: Watch,
     /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
-    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
+    /// event, no span), or only `metrics` does (one counter per attempt, see
+    /// [`Watch::Metrics`]), and the policy sets no time limit. Then [`Round::poll`] admits and
     /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
     lean: bool,
     /// The number of the attempt in the body (the attempts made so far), as
@@ -209,7 +210,9 @@ impl<'a> Retry<'a> {
     #[inline(always)]
     fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
         let watch = crate::observe::watch();
-        let lean = watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none();
+        let lean = matches!(watch, Watch::Nobody | Watch::Metrics)
+            && policy.timeout.is_none()
+            && policy.budget.is_none();
         Retry {
             job,
             known,
@@ -343,6 +346,20 @@ impl<'a> Retry<'a> {
             (Watch::Observers, None) => Current::with_installed(installed).emit_job(event, known),
             _ => crate::observe::record_job(event, known),
         }
+    }
+
+    /// Counts attempt `number` into the `metrics` recorder in scope: the one event of a lean call
+    /// that only `metrics` may watch, on its inline path.
+    #[inline(never)]
+    fn count_attempt(&self, number: u32) {
+        crate::observe::record_metrics(
+            &Event::Attempt {
+                job: self.job,
+                key: self.key,
+                attempt: number,
+            },
+            self.known,
+        );
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
@@ -818,6 +835,9 @@ where
             },
         };
         let number = this.retry.number + 1;
+        if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
+            this.retry.count_attempt(number);
+        }
         let mut started = None;
         let attempt = this.attempt;
         let polled = attempt::poll_in(number, &mut started, || attempt.poll(cx));
@@ -1336,7 +1356,10 @@ mod tests {
         let budgeted = ZERO.budget(Duration::from_secs(1));
         assert!(!Retry::new("job", &budgeted).lean);
         let plain = Retry::new("job", &ZERO);
-        assert_eq!(plain.lean, plain.watch == Watch::Nobody);
+        assert_eq!(
+            plain.lean,
+            matches!(plain.watch, Watch::Nobody | Watch::Metrics)
+        );
     }
 
     // The tests below hold on either path of `Round::poll`: the inline one (a call nobody watches,
