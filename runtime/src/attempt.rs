@@ -171,18 +171,11 @@ pub fn attempt() -> Option<Attempt> {
     })
 }
 
-/// What the engine knows of the running attempt. Its start is read only when someone asks, or
-/// when the attempt outlives its first poll.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Running {
-    pub(crate) number: u32,
-    pub(crate) started: Option<Instant>,
-}
-
 /// No guarded call is running on this thread.
 const OUTSIDE: u64 = 0;
-/// Set beside the number when [`STARTED`] holds the running attempt's start.
-const HAS_START: u64 = 1 << 32;
+/// Set beside the number when [`STARTED`] holds the running attempt's start. The top bit, so
+/// that testing it is a sign test.
+const HAS_START: u64 = 1 << 63;
 
 thread_local! {
     /// The attempt whose body is being polled on this thread: its number in the low 32 bits,
@@ -279,42 +272,72 @@ pub fn fence() -> Option<u64> {
     }
 }
 
-/// Polls `poll` with `running` as the attempt in the body, and keeps the start it learned.
-/// The attempt outside (a guarded call inside another) is put back afterwards, also when `poll`
-/// panics. A call that nobody asks about touches one thread-local word on the way in and out.
+/// Polls `poll` with attempt `number` as the attempt in the body, its start `started` when it is
+/// known, and keeps the start it learned in `started`. The attempt outside (a guarded call
+/// inside another) is put back afterwards, also when `poll` panics.
+///
+/// The common case, where neither this attempt nor the one outside has its start in the shared
+/// start cell, reads and writes one thread-local word on the way in and again on the way out,
+/// with one sign test each way, and keeps only the outer word for a panic to put back.
 #[inline(always)]
-pub(crate) fn poll_in<R>(running: &mut Running, poll: impl FnOnce() -> R) -> R {
+pub(crate) fn poll_in<R>(
+    number: u32,
+    started: &mut Option<Instant>,
+    poll: impl FnOnce() -> R,
+) -> R {
+    /// Puts the attempt outside back, also when the body panics.
+    struct Restore(u64);
+    impl Drop for Restore {
+        #[inline(always)]
+        fn drop(&mut self) {
+            CURRENT.set(self.0);
+        }
+    }
+    let mut current = u64::from(number);
+    if started.is_some() {
+        current |= HAS_START;
+    }
+    let outer = CURRENT.replace(current);
+    if (outer | current) & HAS_START != 0 {
+        return poll_in_sharing(outer, started, poll);
+    }
+    let restore = Restore(outer);
+    let polled = poll();
+    let inner = CURRENT.get();
+    drop(restore);
+    // The attempt asked for its start during this poll: keep it for its later polls. (The start
+    // cell is left as it is: the word outside has no start flag, so nothing reads it.)
+    if inner & HAS_START != 0 {
+        *started = STARTED.get();
+    }
+    polled
+}
+
+/// [`poll_in`] when the start cell is in use, by this attempt or by the one outside (`outer`):
+/// it is saved and put back around the poll. `CURRENT` holds this attempt's word already.
+#[cold]
+#[inline(never)]
+fn poll_in_sharing<R>(outer: u64, started: &mut Option<Instant>, poll: impl FnOnce() -> R) -> R {
     struct Restore<'r> {
         outer: u64,
         outer_started: Option<Instant>,
-        running: &'r mut Running,
+        started: &'r mut Option<Instant>,
     }
     impl Drop for Restore<'_> {
-        #[inline(always)]
         fn drop(&mut self) {
             if CURRENT.replace(self.outer) & HAS_START != 0 {
-                self.running.started = STARTED.get();
+                *self.started = STARTED.get();
             }
             if self.outer & HAS_START != 0 {
                 STARTED.set(self.outer_started);
             }
         }
     }
-    let mut current = u64::from(running.number);
-    if running.started.is_some() {
-        current |= HAS_START;
-    }
-    let outer = CURRENT.replace(current);
-    // The start cell is shared with the attempt outside: saved only when one of the two uses it.
-    let outer_started = if (outer | current) & HAS_START != 0 {
-        STARTED.replace(running.started)
-    } else {
-        None
-    };
+    let outer_started = STARTED.replace(*started);
     let _restore = Restore {
         outer,
         outer_started,
-        running,
+        started,
     };
     poll()
 }
@@ -323,7 +346,7 @@ pin_project_lite::pin_project! {
     /// A future polled as attempt 1 of a guarded call: the body of an `#[idempotent]` job
     /// without `#[retry]`. A `#[retry]` inside numbers its own attempts.
     pub(crate) struct FirstAttempt<F> {
-        running: Running,
+        started: Option<Instant>,
         #[pin]
         future: F,
     }
@@ -332,10 +355,7 @@ pin_project_lite::pin_project! {
 impl<F> FirstAttempt<F> {
     pub(crate) fn new(future: F) -> Self {
         FirstAttempt {
-            running: Running {
-                number: 1,
-                started: None,
-            },
+            started: None,
             future,
         }
     }
@@ -350,7 +370,7 @@ impl<F: Future> Future for FirstAttempt<F> {
     ) -> std::task::Poll<F::Output> {
         let this = self.project();
         let future = this.future;
-        poll_in(this.running, || future.poll(cx))
+        poll_in(1, this.started, || future.poll(cx))
     }
 }
 

@@ -13,9 +13,15 @@ static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 /// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Watch {
-    /// Nothing: no observer was ever built and neither integration is compiled in. The call
-    /// builds no event.
+    /// Nothing: no observer was ever built, the `metrics` integration is not compiled in, and
+    /// no `tracing` subscriber wants anything (or that integration is not compiled in either).
+    /// The call builds no event.
     Nobody,
+    /// The `metrics` integration only: no observer was ever built, and no `tracing` subscriber
+    /// wants anything when the call starts (or that integration is not compiled in). A call
+    /// that succeeds at once counts its attempt into the recorder and raises nothing else (the
+    /// success is no metric); its other events go to the integrations as they happen.
+    Metrics,
     /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
     Integrations,
     /// A runtime with an observer exists: events go through the runtime in scope.
@@ -23,14 +29,37 @@ pub(crate) enum Watch {
 }
 
 /// Who sees the events of a call starting now.
+///
+/// `tracing` listens when some subscriber, global or scoped to any thread, enables some level:
+/// `LevelFilter::current()` is the most verbose level any live subscriber enables, and `OFF`
+/// when there is none. The `metrics` facade has no such answer (a recorder may be installed, or
+/// set for this thread only, at any time, and a recorder's calls cannot be told from a no-op's),
+/// so with that feature every call counts its attempts into whatever recorder is in scope.
 #[inline]
 pub(crate) fn watch() -> Watch {
     if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
         Watch::Observers
-    } else if cfg!(any(feature = "metrics", feature = "tracing")) {
+    } else if tracing_listens() {
         Watch::Integrations
+    } else if cfg!(feature = "metrics") {
+        Watch::Metrics
     } else {
         Watch::Nobody
+    }
+}
+
+/// Whether some `tracing` subscriber enables anything (see [`watch`]); `false` without the
+/// feature.
+#[inline]
+fn tracing_listens() -> bool {
+    #[cfg(feature = "tracing")]
+    {
+        ::tracing::level_filters::LevelFilter::current()
+            != ::tracing::level_filters::LevelFilter::OFF
+    }
+    #[cfg(not(feature = "tracing"))]
+    {
+        false
     }
 }
 
@@ -355,6 +384,18 @@ pub(crate) fn record_job(event: &Event<'_>, job: Option<&'static Job>) {
     #[cfg(feature = "tracing")]
     self::tracing::record(event);
     let _ = event;
+}
+
+/// The `metrics` view of `event` alone (see [`Watch::Metrics`]); a no-op without that feature.
+#[inline(always)]
+pub(crate) fn record_metrics(event: &Event<'_>, job: Option<&'static Job>) {
+    #[cfg(feature = "metrics")]
+    match job {
+        Some(job) => self::metrics::record_keyed(event, &job.metrics),
+        None => self::metrics::record(event),
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (event, job);
 }
 
 /// Writes an error-level line to the log: a `tracing` event (target `jobguard`) when that

@@ -15,14 +15,14 @@
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
 //! observes.
 //!
-//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches
-//! and the policy has no `timeout` or `budget`; decided once, when the call starts), the first
-//! poll of a [`Round`] asks the breaker if there is one, polls the attempt with its number in
-//! scope and returns an accepted `Ok` inline. Anything else (a pending or failed attempt, a
-//! retried `Ok`, a refusal, a call that is not lean, every later poll) goes on in the same
-//! state machine, out of line.
+//! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches,
+//! or only `metrics` does, and the policy has no `timeout` or `budget`; decided once, when the
+//! call starts), the first poll of a [`Round`] asks the breaker if there is one, polls the
+//! attempt with its number in scope and returns an accepted `Ok` inline. Anything else (a
+//! pending or failed attempt, a retried `Ok`, a refusal, a call that is not lean, every later
+//! poll) goes on in the same state machine, out of line.
 
-use crate::attempt::{self, Delivery, Running};
+use crate::attempt::{self, Delivery};
 use crate::bounds::FromJobguard;
 use crate::breaker::{CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
@@ -109,22 +109,18 @@ pub struct Retry<'a> {
     /// Who sees this call's events, decided when it starts.
     watch: Watch,
     /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
-    /// event, no span) and the policy sets no time limit. Then [`Round::poll`] admits and
+    /// event, no span), or only `metrics` does (one counter per attempt, see
+    /// [`Watch::Metrics`]), and the policy sets no time limit. Then [`Round::poll`] admits and
     /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
     lean: bool,
-    /// The installed runtime when the call started, if any (see [`Current::installed`]). A lean
-    /// call (below) reads it at its first stamp instead (the end of its first poll, or its first
-    /// failure), as nothing before needs it: the same runtime, unless the body installs one.
-    installed: Option<&'static Runtime>,
-    /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it.
-    running: Running,
-    /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
-    started: Option<Instant>,
-    /// The wall-clock starts of the first and the latest attempt, for the dead letter.
-    first_wall: Option<SystemTime>,
-    last_wall: Option<SystemTime>,
-    /// Whether the current attempt's wall-clock start has been taken.
-    stamped: bool,
+    /// The number of the attempt in the body (the attempts made so far), as
+    /// [`attempt()`](crate::attempt()) reads it.
+    number: u32,
+    /// What only a call that did not succeed at once needs: made when its first attempt is
+    /// admitted if the call is not lean, else at its first stamp (the end of an attempt's first
+    /// poll that did not accept it, or a refusal). A call that succeeds at once writes and checks
+    /// nothing else.
+    slow: Option<Slow>,
     /// What only a failure needs, allocated at the first one.
     failures: Option<Box<Failures>>,
     #[cfg(feature = "tracing")]
@@ -146,6 +142,46 @@ impl Drop for Retry<'_> {
 #[inline(never)]
 fn drop_failures(failures: Box<Failures>) {
     drop(failures);
+}
+
+/// What a call keeps once an attempt did not succeed at once (or from its start, when it is not
+/// lean): the clocks a time limit, a budget and a dead letter read.
+#[derive(Clone, Copy)]
+struct Slow {
+    /// The installed runtime when the call started (read when its first attempt is admitted, in
+    /// the poll that made the call), if any (see [`Current::installed`]). A lean call reads it
+    /// when it makes this part, as nothing before needs it: the same runtime, unless the body
+    /// installs one.
+    installed: Option<&'static Runtime>,
+    /// The running attempt's start on tokio's clock, once known (see
+    /// [`Attempt::started`](crate::Attempt::started)).
+    attempt_started: Option<Instant>,
+    /// The first attempt's start on tokio's clock, read only when a `timeout` or `budget` needs it.
+    started: Option<Instant>,
+    /// The wall-clock starts of the first and the latest attempt, for the dead letter.
+    first_wall: Option<SystemTime>,
+    last_wall: Option<SystemTime>,
+    /// Whether the current attempt's wall-clock start has been taken.
+    stamped: bool,
+}
+
+impl Slow {
+    /// The slow part in `slow`, made the first time (reading the installed runtime then).
+    #[inline]
+    fn of(slow: &mut Option<Slow>) -> &mut Slow {
+        slow.get_or_insert_with(|| Slow::new(Current::installed()))
+    }
+
+    fn new(installed: Option<&'static Runtime>) -> Self {
+        Slow {
+            installed,
+            attempt_started: None,
+            started: None,
+            first_wall: None,
+            last_wall: None,
+            stamped: false,
+        }
+    }
 }
 
 /// The state only a failing call needs.
@@ -174,7 +210,9 @@ impl<'a> Retry<'a> {
     #[inline(always)]
     fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
         let watch = crate::observe::watch();
-        let lean = watch == Watch::Nobody && policy.timeout.is_none() && policy.budget.is_none();
+        let lean = matches!(watch, Watch::Nobody | Watch::Metrics)
+            && policy.timeout.is_none()
+            && policy.budget.is_none();
         Retry {
             job,
             known,
@@ -185,15 +223,8 @@ impl<'a> Retry<'a> {
             payload: None,
             watch,
             lean,
-            installed: if lean { None } else { Current::installed() },
-            running: Running {
-                number: 0,
-                started: None,
-            },
-            started: None,
-            first_wall: None,
-            last_wall: None,
-            stamped: false,
+            number: 0,
+            slow: None,
             failures: None,
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
@@ -227,7 +258,7 @@ impl<'a> Retry<'a> {
 
     /// The number the next attempt will have, from 1.
     pub fn next_attempt(&self) -> u32 {
-        self.running.number + 1
+        self.number + 1
     }
 
     /// One turn of the loop for a job with no breaker, timeout or budget (so the runtime cannot
@@ -239,7 +270,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -257,7 +288,7 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk<T>>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
@@ -269,10 +300,17 @@ impl<'a> Retry<'a> {
 
     /// The runtime in scope, looked up once per failing call.
     fn runtime(&mut self) -> &Runtime {
-        let installed = self.installed;
+        let installed = self.slow().installed;
         self.failures()
             .runtime
             .get_or_insert_with(|| Current::with_installed(installed))
+    }
+
+    /// The part of the call state a call that did not succeed at once needs, made the first time
+    /// (for a lean call: reading the installed runtime now).
+    #[inline]
+    fn slow(&mut self) -> &mut Slow {
+        Slow::of(&mut self.slow)
     }
 
     /// The failure state, made at the first failure.
@@ -295,9 +333,9 @@ impl<'a> Retry<'a> {
         if self.watch == Watch::Nobody {
             return;
         }
+        let (known, installed) = (self.known, self.slow().installed);
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.job, self.key);
-        let (known, installed) = (self.known, self.installed);
         match (self.watch, self.failures.as_mut()) {
             // A failing call keeps the runtime beside its failure state; a call that has not
             // failed holds nothing to drop and looks the runtime up for the event.
@@ -310,29 +348,41 @@ impl<'a> Retry<'a> {
         }
     }
 
+    /// Counts attempt `number` into the `metrics` recorder in scope: the one event of a lean call
+    /// that only `metrics` may watch, on its inline path.
+    #[inline(never)]
+    fn count_attempt(&self, number: u32) {
+        crate::observe::record_metrics(
+            &Event::Attempt {
+                job: self.job,
+                key: self.key,
+                attempt: number,
+            },
+            self.known,
+        );
+    }
+
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
     #[inline(always)]
     fn admit(&mut self, permit: &mut Option<Permit<'a>>) -> Admitted {
+        // A call that is not lean fixes the installed runtime at its first admission.
+        self.slow();
         if let Some(breaker) = self.breaker {
             match breaker.acquire() {
                 Ok(granted) => *permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
             }
         }
-        self.running = Running {
-            number: self.running.number + 1,
-            started: None,
-        };
-        self.stamped = false;
+        self.number += 1;
+        self.next_attempt_starts(None);
         #[cfg(feature = "tracing")]
-        self.span
-            .record_attempt(self.job, self.key, self.running.number);
+        self.span.record_attempt(self.job, self.key, self.number);
         if self.watch != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.job,
                 key: self.key,
-                attempt: self.running.number,
+                attempt: self.number,
             });
         }
         match (self.policy.timeout, self.policy.budget) {
@@ -354,7 +404,7 @@ impl<'a> Retry<'a> {
         budget: Option<Duration>,
     ) -> Option<(Instant, Origin)> {
         let now = Instant::now();
-        let start = *self.started.get_or_insert(now);
+        let start = *self.slow().started.get_or_insert(now);
         let budget_end = budget.and_then(|b| start.checked_add(b));
         let timeout_end = timeout.and_then(|t| now.checked_add(t));
         match (timeout_end, budget_end) {
@@ -370,17 +420,27 @@ impl<'a> Retry<'a> {
     /// attempt that succeeds at once reads no clock at all.
     #[cold]
     fn stamp(&mut self) {
-        if !self.stamped {
-            self.stamped = true;
-            if self.lean && self.first_wall.is_none() {
-                self.installed = Current::installed();
-            }
+        let slow = self.slow();
+        if !slow.stamped {
+            slow.stamped = true;
             let now = SystemTime::now();
-            self.first_wall.get_or_insert(now);
-            self.last_wall = Some(now);
-            if self.running.started.is_none() {
-                self.running.started = Some(Instant::now());
+            slow.first_wall.get_or_insert(now);
+            slow.last_wall = Some(now);
+            if slow.attempt_started.is_none() {
+                slow.attempt_started = Some(Instant::now());
             }
+        }
+    }
+
+    /// A new attempt is in the body: its start is `started` (what it learned during its first
+    /// poll, if anything), and its wall-clock start is not taken yet.
+    #[inline]
+    fn next_attempt_starts(&mut self, started: Option<Instant>) {
+        if let Some(slow) = self.slow.as_mut() {
+            slow.attempt_started = started;
+            slow.stamped = false;
+        } else if started.is_some() {
+            self.slow().attempt_started = started;
         }
     }
 
@@ -394,7 +454,7 @@ impl<'a> Retry<'a> {
             self.emit(&Event::Succeeded {
                 job: self.job,
                 key: self.key,
-                attempts: self.running.number,
+                attempts: self.number,
             });
         }
     }
@@ -420,10 +480,10 @@ impl<'a> Retry<'a> {
         }
         let policy = self.policy;
         let elapsed = policy.budget.and_then(|budget| {
-            let start = *self.started.get_or_insert_with(Instant::now);
+            let start = *self.slow().started.get_or_insert_with(Instant::now);
             start.checked_add(budget).map(|_| start.elapsed())
         });
-        let attempt = self.running.number;
+        let attempt = self.number;
         let decision = decide(policy, attempt, origin, verdict, elapsed, || {
             self.jittered(attempt)
         });
@@ -472,7 +532,7 @@ impl<'a> Retry<'a> {
     /// policy's attempts (see `jobguard::apalis` for when that is exact).
     fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
         let delivery = Delivery::current();
-        let this_delivery = self.running.number;
+        let this_delivery = self.number;
         if let Some(delivery) = delivery
             && !delivery.last
             && redeliverable(reason)
@@ -494,7 +554,12 @@ impl<'a> Retry<'a> {
         });
         Delivery::settle();
         let now = SystemTime::now();
-        let first = self.first_wall.unwrap_or(now);
+        let Slow {
+            first_wall,
+            last_wall,
+            ..
+        } = *self.slow();
+        let first = first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
             self.job,
             self.key.map(str::to_owned),
@@ -502,7 +567,7 @@ impl<'a> Retry<'a> {
             attempts,
             error,
             first,
-            self.last_wall.unwrap_or(first),
+            last_wall.unwrap_or(first),
         );
         let payload = self.payload;
         let letter = self.failures().trail.seal(payload, letter);
@@ -542,8 +607,35 @@ const fn redeliverable(reason: GiveUp) -> bool {
     )
 }
 
-/// The `on_ok` of a round without one: every `Ok` is accepted (it is never called).
-pub type AcceptOk<T> = fn(&T) -> Verdict;
+/// What a round asks of an `Ok` value: a closure `FnOnce(&T) -> Verdict` (from
+/// [`Round::on_ok`]), or [`AcceptOk`], which accepts every `Ok` without being asked.
+pub trait OkVerdict<T> {
+    /// Whether every `Ok` is accepted, so that the round need not ask: known at compile time.
+    const ACCEPTS_ALL: bool = false;
+
+    /// The verdict on `value`: [`Verdict::Fail`] accepts it, a retryable verdict retries it.
+    fn verdict(self, value: &T) -> Verdict;
+}
+
+impl<T, K: FnOnce(&T) -> Verdict> OkVerdict<T> for K {
+    #[inline]
+    fn verdict(self, value: &T) -> Verdict {
+        self(value)
+    }
+}
+
+/// The `on_ok` of a round without one: every `Ok` is accepted, without a call or a check.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptOk;
+
+impl<T> OkVerdict<T> for AcceptOk {
+    const ACCEPTS_ALL: bool = true;
+
+    #[inline]
+    fn verdict(self, _: &T) -> Verdict {
+        Verdict::Fail
+    }
+}
 
 /// The dead letter on its way to the sink.
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -578,10 +670,11 @@ pin_project_lite::pin_project! {
     /// accept its outcome, sleep before the next attempt, or give up. Resolves to `Break` with
     /// the call's result, or `Continue` when the loop makes the next attempt.
     ///
-    /// The attempt and the one timer (the attempt's time limit while it runs, the delay after it
-    /// failed) are pinned beside the [`State`], which says which of them is live.
+    /// The attempt is pinned beside the [`State`]; what only a round that did not succeed at
+    /// once holds (the breaker's permit, the one timer, the give-up) is one part, [`Held`],
+    /// made when the round first needs it, so that a round accepted at once writes and drops one
+    /// word for all of it.
     #[must_use = "a round does nothing unless awaited"]
-    #[project = RoundProj]
     pub struct Round<'r, 'a, T, E, F, C, K> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
@@ -589,56 +682,38 @@ pin_project_lite::pin_project! {
         // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
         lift: Option<fn(Error) -> E>,
         state: State,
+        #[pin]
+        attempt: F,
+        #[pin]
+        held: Option<Held<'a, T, E>>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// What a round holds once its attempt did not succeed at its first poll (or from its first
+    /// poll, on a call that is not lean).
+    #[project = HeldProj]
+    struct Held<'a, T, E> {
         // The breaker's permit for the attempt, while it runs.
         permit: Option<Permit<'a>>,
         // While giving up: the dead letter on its way, and the result to return after it.
-        giving_up: OutOfLine<GivingUp<'a, T, E>>,
-        #[pin]
-        attempt: F,
+        giving_up: Option<GivingUp<'a, T, E>>,
+        // The attempt's time limit while it runs, the delay after it failed.
         #[pin]
         timer: Option<Sleep>,
     }
 }
 
-/// An `Option` whose content, when there is one, is dropped out of line: what a dropped holder
-/// inlines is one check, whatever the content's own drop glue. For state only a rare path fills.
-/// (`ManuallyDrop` only keeps the compiler from adding the `Option`'s glue after `drop`, which
-/// has emptied it: nothing here is ever leaked.)
-struct OutOfLine<D>(std::mem::ManuallyDrop<Option<D>>);
-
-impl<D> OutOfLine<D> {
-    const fn none() -> Self {
-        OutOfLine(std::mem::ManuallyDrop::new(None))
-    }
-}
-
-impl<D> Drop for OutOfLine<D> {
-    #[inline]
-    fn drop(&mut self) {
-        if let Some(dropped) = self.0.take() {
-            drop_cold(dropped);
-        }
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn drop_cold<D>(dropped: D) {
-    drop(dropped);
-}
-
-impl<D> std::ops::Deref for OutOfLine<D> {
-    type Target = Option<D>;
-
-    fn deref(&self) -> &Option<D> {
-        &self.0
-    }
-}
-
-impl<D> std::ops::DerefMut for OutOfLine<D> {
-    fn deref_mut(&mut self) -> &mut Option<D> {
-        &mut self.0
-    }
+/// A round as its slow path works on it: the [`Held`] part made and projected beside the rest.
+struct Parts<'p, 'r, 'a, T, E, C, K> {
+    retry: &'p mut &'r mut Retry<'a>,
+    on_err: &'p mut Option<C>,
+    on_ok: &'p mut Option<K>,
+    lift: Option<fn(Error) -> E>,
+    state: &'p mut State,
+    permit: &'p mut Option<Permit<'a>>,
+    giving_up: &'p mut Option<GivingUp<'a, T, E>>,
+    timer: Pin<&'p mut Option<Sleep>>,
 }
 
 /// A give-up in progress: the dead letter on its way, and the result to return after it.
@@ -673,10 +748,8 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: None,
             lift,
             state: State::Admit,
-            permit: None,
-            giving_up: OutOfLine::none(),
             attempt,
-            timer: None,
+            held: None,
         }
     }
 
@@ -696,11 +769,39 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             on_ok: Some(on_ok),
             lift: self.lift,
             state: self.state,
-            permit: self.permit,
-            giving_up: self.giving_up,
             attempt: self.attempt,
-            timer: self.timer,
+            held: self.held,
         }
+    }
+
+    /// The round's parts for its slow path, its [`Held`] part made if it was not yet, and the
+    /// attempt.
+    #[inline]
+    fn parts(self: Pin<&mut Self>) -> (Parts<'_, 'r, 'a, T, E, C, K>, Pin<&mut F>) {
+        let this = self.project();
+        let mut held = this.held;
+        if held.is_none() {
+            held.set(Some(Held {
+                permit: None,
+                giving_up: None,
+                timer: None,
+            }));
+        }
+        let held = match held.as_pin_mut() {
+            Some(held) => held.project(),
+            None => unreachable!("the held part was just made"),
+        };
+        let parts = Parts {
+            retry: this.retry,
+            on_err: this.on_err,
+            on_ok: this.on_ok,
+            lift: *this.lift,
+            state: this.state,
+            permit: held.permit,
+            giving_up: held.giving_up,
+            timer: held.timer,
+        };
+        (parts, this.attempt)
     }
 }
 
@@ -709,7 +810,7 @@ where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    K: FnOnce(&T) -> Verdict,
+    K: OkVerdict<T>,
     E: Display,
 {
     type Output = ControlFlow<Result<T, E>>;
@@ -733,16 +834,18 @@ where
                 Err(retry_in) => return self.refused(cx, retry_in),
             },
         };
-        let mut running = Running {
-            number: this.retry.running.number + 1,
-            started: None,
-        };
+        let number = this.retry.number + 1;
+        if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
+            this.retry.count_attempt(number);
+        }
+        let mut started = None;
         let attempt = this.attempt;
-        let polled = attempt::poll_in(&mut running, || attempt.poll(cx));
-        this.retry.running = running;
+        let polled = attempt::poll_in(number, &mut started, || attempt.poll(cx));
+        this.retry.number = number;
         let classified = match &polled {
+            Poll::Ready(Ok(_)) if K::ACCEPTS_ALL => Some(Verdict::Fail),
             Poll::Ready(Ok(value)) => match this.on_ok.take() {
-                Some(on_ok) => Some(on_ok(value)),
+                Some(on_ok) => Some(on_ok.verdict(value)),
                 None => Some(Verdict::Fail),
             },
             _ => None,
@@ -755,20 +858,7 @@ where
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            (polled, classified) => {
-                this.retry.stamped = false;
-                *this.state = State::Run { cut: Origin::Body };
-                *this.permit = permit;
-                match polled {
-                    // No timer was set (a lean call has no time limit): a pending attempt only
-                    // waits.
-                    Poll::Pending => {
-                        this.retry.stamp();
-                        Poll::Pending
-                    }
-                    Poll::Ready(result) => self.settled(cx, result, classified),
-                }
-            }
+            (polled, classified) => self.went_on(cx, polled, classified, permit, started),
         }
     }
 }
@@ -778,7 +868,7 @@ where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
-    K: FnOnce(&T) -> Verdict,
+    K: OkVerdict<T>,
     E: Display,
 {
     /// The inline path's refusal: the breaker refused the round's first attempt.
@@ -789,48 +879,64 @@ where
         cx: &mut Context<'_>,
         retry_in: Duration,
     ) -> Poll<ControlFlow<Result<T, E>>> {
-        Self::refuse(&mut self.as_mut().project(), retry_in);
+        Self::refuse(&mut self.as_mut().parts().0, retry_in);
         self.drive(cx)
     }
 
-    /// The inline path's outcome when it is not an accepted `Ok`: the round goes on from it
-    /// (`classified`: what `on_ok` said of an `Ok`).
+    /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
+    /// said of an `Ok`), or its attempt pending: the round goes on from it with the attempt's
+    /// `permit` and the `started` it learned.
     #[cold]
     #[inline(never)]
-    fn settled(
+    fn went_on(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        result: Result<T, E>,
+        polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
+        permit: Option<Permit<'a>>,
+        started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
-        let mut this = self.as_mut().project();
-        if let ControlFlow::Break(done) = Self::settle(&mut this, result, Origin::Body, classified)
-        {
-            return Poll::Ready(ControlFlow::Break(done));
+        let (mut this, _) = self.as_mut().parts();
+        this.retry.next_attempt_starts(started);
+        *this.state = State::Run { cut: Origin::Body };
+        *this.permit = permit;
+        match polled {
+            // No timer was set (a lean call has no time limit): a pending attempt only waits.
+            Poll::Pending => {
+                this.retry.stamp();
+                Poll::Pending
+            }
+            Poll::Ready(result) => {
+                if let ControlFlow::Break(done) =
+                    Self::settle(&mut this, result, Origin::Body, classified)
+                {
+                    return Poll::Ready(ControlFlow::Break(done));
+                }
+                self.drive(cx)
+            }
         }
-        self.drive(cx)
     }
 
     /// Everything but the success path of [`Round::poll`]: the loop over the round's states.
     #[inline(never)]
     fn drive(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ControlFlow<Result<T, E>>> {
-        let mut this = self.project();
+        let (mut this, mut attempt) = self.parts();
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
             // straight on to its first poll below, without another turn of the loop.
             let cut = match *this.state {
                 State::Run { cut } => cut,
-                State::Admit => match (this.retry.admit(this.permit), *this.lift) {
-                    (Admitted::Run, _) => {
+                State::Admit => match this.retry.admit(this.permit) {
+                    Admitted::Run => {
                         *this.state = State::Run { cut: Origin::Body };
                         Origin::Body
                     }
-                    (Admitted::Until(at, cut), _) => {
+                    Admitted::Until(at, cut) => {
                         this.timer.set(Some(tokio::time::sleep_until(at)));
                         *this.state = State::Run { cut };
                         cut
                     }
-                    (Admitted::Refused(retry_in), _) => {
+                    Admitted::Refused(retry_in) => {
                         Self::refuse(&mut this, retry_in);
                         continue;
                     }
@@ -860,14 +966,16 @@ where
             let polled = {
                 #[cfg(feature = "tracing")]
                 let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
-                let attempt = this.attempt.as_mut();
-                attempt::poll_in(&mut this.retry.running, || attempt.poll(cx))
+                let attempt = attempt.as_mut();
+                let number = this.retry.number;
+                let started = &mut Slow::of(&mut this.retry.slow).attempt_started;
+                attempt::poll_in(number, started, || attempt.poll(cx))
             };
             let (result, origin) = match polled {
                 Poll::Ready(result) => (result, Origin::Body),
                 Poll::Pending => {
                     let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
-                    match (limit, *this.lift) {
+                    match (limit, this.lift) {
                         (Some(Poll::Ready(())), Some(lift)) => {
                             let error = match cut {
                                 Origin::Budget => Error::Budget,
@@ -891,15 +999,14 @@ where
     /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
     /// giving up (or asleep, for a refusal the policy retries).
     #[inline(always)]
-    fn refuse(this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>, retry_in: Duration) {
-        match *this.lift {
+    fn refuse(this: &mut Parts<'_, '_, 'a, T, E, C, K>, retry_in: Duration) {
+        match this.lift {
             Some(lift) => {
                 let refused = Error::CircuitOpen { retry_in };
                 let next = this
                     .retry
                     .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
-                *this.state =
-                    Self::after(next, Err(lift(refused)), &mut this.timer, this.giving_up);
+                Self::after(this, next, Err(lift(refused)));
             }
             // Only a guarded round has a breaker to refuse it.
             None => unreachable!("a breaker on an unguarded round"),
@@ -910,7 +1017,7 @@ where
     /// else the round goes on asleep before the next attempt or giving up (`Continue`).
     #[inline(always)]
     fn settle(
-        this: &mut RoundProj<'_, '_, 'a, T, E, F, C, K>,
+        this: &mut Parts<'_, '_, 'a, T, E, C, K>,
         result: Result<T, E>,
         origin: Origin,
         classified: Option<Verdict>,
@@ -918,8 +1025,9 @@ where
         let verdict = match (&result, origin, classified) {
             // `on_ok` was asked already, on the inline path.
             (_, _, Some(verdict)) => verdict,
+            (Ok(_), _, None) if K::ACCEPTS_ALL => Verdict::Fail,
             (Ok(value), _, None) => match this.on_ok.take() {
-                Some(on_ok) => on_ok(value),
+                Some(on_ok) => on_ok.verdict(value),
                 None => Verdict::Fail,
             },
             (Err(error), Origin::Body, None) => match this.on_err.take() {
@@ -943,7 +1051,7 @@ where
                 .retry
                 .failed(error, origin, verdict, this.permit.take()),
         };
-        *this.state = Self::after(next, result, &mut this.timer, this.giving_up);
+        Self::after(this, next, result);
         ControlFlow::Continue(())
     }
 }
@@ -953,23 +1061,19 @@ impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
     /// The failed attempt's result is dropped when the loop goes on, and kept to be returned
     /// when it gives up.
     #[cold]
-    fn after(
-        next: Next<'a>,
-        result: Result<T, E>,
-        timer: &mut Pin<&mut Option<Sleep>>,
-        giving_up: &mut Option<GivingUp<'a, T, E>>,
-    ) -> State {
-        match next {
+    fn after(this: &mut Parts<'_, '_, 'a, T, E, C, K>, next: Next<'a>, result: Result<T, E>) {
+        *this.state = match next {
             Next::RetryAfter(delay) => {
-                timer.set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
+                this.timer
+                    .set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
                 State::Sleep
             }
             Next::GiveUp(sending) => {
-                timer.set(None);
-                *giving_up = Some(GivingUp { sending, result });
+                this.timer.set(None);
+                *this.giving_up = Some(GivingUp { sending, result });
                 State::GiveUp
             }
-        }
+        };
     }
 }
 
@@ -1252,7 +1356,10 @@ mod tests {
         let budgeted = ZERO.budget(Duration::from_secs(1));
         assert!(!Retry::new("job", &budgeted).lean);
         let plain = Retry::new("job", &ZERO);
-        assert_eq!(plain.lean, plain.watch == Watch::Nobody);
+        assert_eq!(
+            plain.lean,
+            matches!(plain.watch, Watch::Nobody | Watch::Metrics)
+        );
     }
 
     // The tests below hold on either path of `Round::poll`: the inline one (a call nobody watches,
