@@ -1767,6 +1767,19 @@ mod tests {
         }
     }
 
+    /// Claims `K` and lets the claim lapse, so that the next claim (`crashes(1)`) poisons it.
+    async fn poison(s: &MemoryStore, options: &ClaimOptions<'_>) {
+        assert!(matches!(
+            s.claim_counted(K, "a", options).unwrap(),
+            Claimed::Acquired { .. }
+        ));
+        tokio::time::advance(LEASE).await;
+        assert!(matches!(
+            s.claim_counted(K, "b", options).unwrap(),
+            Claimed::Poisoned { first: true, .. }
+        ));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_poisoned_record_is_never_given_up_for_room_before_its_ttl() {
         // Full at 256 records with no floor: a new claim gives up the oldest completed one.
@@ -1775,15 +1788,7 @@ mod tests {
             .min_retention(Duration::ZERO)
             .build();
         let options = ClaimOptions::new(LEASE).crashes(1);
-        assert!(matches!(
-            s.claim_counted(K, "a", &options).unwrap(),
-            Claimed::Acquired { .. }
-        ));
-        tokio::time::advance(LEASE).await;
-        assert!(matches!(
-            s.claim_counted(K, "b", &options).unwrap(),
-            Claimed::Poisoned { first: true, .. }
-        ));
+        poison(&s, &options).await;
         for i in 0..2_000 {
             let key = format!("job{i}");
             let k = StoreKey {
@@ -1811,15 +1816,7 @@ mod tests {
         let s = MemoryStore::new();
         let ttl = Duration::from_secs(3600);
         let options = ClaimOptions::new(LEASE).crashes(1).ttl(ttl);
-        assert!(matches!(
-            s.claim_counted(K, "a", &options).unwrap(),
-            Claimed::Acquired { .. }
-        ));
-        tokio::time::advance(LEASE).await;
-        assert!(matches!(
-            s.claim_counted(K, "b", &options).unwrap(),
-            Claimed::Poisoned { first: true, .. }
-        ));
+        poison(&s, &options).await;
         tokio::time::advance(ttl - Duration::from_secs(1)).await;
         assert!(matches!(
             s.claim_counted(K, "c", &options).unwrap(),
