@@ -114,6 +114,17 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 pub trait FromJobguard: From<crate::Error> {}
 impl<E: From<crate::Error>> FromJobguard for E {}
 
+/// Names the bound that `#[retry]` (and [`Policy::run`](crate::Policy::run)) need of the
+/// error type, in words: each failure's text goes into the job's dead letter.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be written into a dead letter",
+    label = "`#[retry]` needs the error type to implement `std::fmt::Display`",
+    note = "every failure's text goes into the job's dead letter (`DeadLetter::error` and `history`); implement `std::fmt::Display` for `{Self}` (with `thiserror`: `#[error(\"...\")]` on each variant)"
+)]
+pub trait Describe: core::fmt::Display {}
+#[diagnostic::do_not_recommend]
+impl<E: core::fmt::Display + ?Sized> Describe for E {}
+
 /// An `on_ok` classifier: `fn(&T) -> Verdict` or `fn(&T) -> bool` (`true` retries), or a
 /// closure of either shape.
 #[diagnostic::on_unimplemented(

@@ -23,7 +23,7 @@
 //! poll) goes on in the same state machine, out of line.
 
 use crate::attempt::{self, Delivery};
-use crate::bounds::FromJobguard;
+use crate::bounds::{Describe, FromJobguard};
 use crate::breaker::{CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
 use crate::observe::{Event, Job, Watch};
@@ -275,7 +275,7 @@ impl<'a> Retry<'a> {
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
         V: Into<Verdict>,
-        E: Display,
+        E: Describe,
     {
         Round::new(self, attempt, on_err, None)
     }
@@ -293,7 +293,7 @@ impl<'a> Retry<'a> {
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
         V: Into<Verdict>,
-        E: FromJobguard + Display,
+        E: FromJobguard + Describe,
     {
         Round::new(self, attempt, on_err, Some(E::from))
     }
@@ -811,7 +811,7 @@ where
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
     K: OkVerdict<T>,
-    E: Display,
+    E: Describe,
 {
     type Output = ControlFlow<Result<T, E>>;
 
@@ -869,7 +869,7 @@ where
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
     K: OkVerdict<T>,
-    E: Display,
+    E: Describe,
 {
     /// The inline path's refusal: the breaker refused the round's first attempt.
     #[cold]
@@ -1163,7 +1163,7 @@ impl Policy {
     pub async fn run<T, E, F>(&self, job: &str, f: F) -> Result<T, E>
     where
         F: AsyncFnMut(u32) -> Result<T, E>,
-        E: crate::Transient + From<Error> + Display,
+        E: crate::Transient + From<Error> + Describe,
     {
         self.run_if_ok(job, f, |_: &T| Verdict::Fail).await
     }
@@ -1192,7 +1192,7 @@ impl Policy {
     pub async fn run_if_ok<T, E, F, K, V>(&self, job: &str, mut f: F, on_ok: K) -> Result<T, E>
     where
         F: AsyncFnMut(u32) -> Result<T, E>,
-        E: crate::Transient + From<Error> + Display,
+        E: crate::Transient + From<Error> + Describe,
         K: Fn(&T) -> V,
         V: Into<Verdict>,
     {
