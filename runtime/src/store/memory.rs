@@ -244,7 +244,7 @@ struct Shard {
     expired: u64,
 }
 
-/// A completed, released or poisoned record's place in an [`Order`].
+/// A completed or released record's place in an [`Order`].
 #[derive(Clone, Copy)]
 struct Entry {
     /// The record's stamp: [`Record::at`] while the record holds this place.
@@ -478,9 +478,12 @@ impl Record {
         self.state == State::Claimed && self.at > now
     }
 
-    /// Whether the record has a place in [`Shard::order`], under its stamp [`Record::at`].
+    /// Whether the record has a place in [`Shard::order`] (completed) or [`Shard::freed`]
+    /// (released), under its stamp [`Record::at`]. A claim has none, and neither has a poisoned
+    /// key: like a live claim it is never given up for room, only dropped once it expires
+    /// (given up early, its job would run, crash and be poisoned and dead-lettered again).
     fn ordered(&self) -> bool {
-        self.state != State::Claimed
+        matches!(self.state, State::Completed | State::Free)
     }
 
     fn heap(&self) -> usize {
@@ -642,10 +645,6 @@ impl Shard {
 
     /// Drops the oldest completed record if it expired or is older than `floor`, and the stale
     /// entries before it (up to [`STALE_SKIP`]). `true` when it dropped anything.
-    ///
-    /// A poisoned record is kept until it expires, whatever its age, like a live claim: given up
-    /// early, its key would be claimed, run and crash again, and its job poisoned and
-    /// dead-lettered a second time. Its entry goes to the back of the order instead.
     fn give_up_first(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
         let mut dropped = false;
         for _ in 0..STALE_SKIP {
@@ -666,11 +665,6 @@ impl Shard {
             if !expired && age < floor {
                 return dropped;
             }
-            if !expired && found.get().state == State::Poisoned {
-                self.order.pop_front();
-                self.order.push(entry);
-                continue;
-            }
             let (record, _) = found.remove();
             self.heap -= record.heap();
             self.order.pop_front();
@@ -687,9 +681,9 @@ impl Shard {
     /// Notes that a record in `state` left its order other than from the front.
     fn unorder(order: &mut Order, freed: &mut Order, state: State) {
         match state {
-            State::Claimed => {}
+            State::Claimed | State::Poisoned => {}
             State::Free => freed.forget(),
-            State::Completed | State::Poisoned => order.forget(),
+            State::Completed => order.forget(),
         }
     }
 
@@ -841,12 +835,6 @@ impl Shard {
                     record.at = stamp;
                     self.heap = self.heap + record.heap() - before;
                     self.written(keep);
-                    let entry = Entry {
-                        stamp,
-                        hash,
-                        expires: keep,
-                    };
-                    self.push_entry(op, true, entry);
                     return Ok(Claimed::Poisoned {
                         crashes,
                         first: true,
@@ -935,10 +923,12 @@ impl Shard {
             expires,
         };
         self.push_entry(op, true, entry);
-        // The result is kept whatever the room; older records make room for it if they can.
+        // The result is kept whatever the room; older records make room for it if they can. A
+        // floor of at least 1 ns keeps this record (its age is 0) even when stale entries
+        // before it are dropped on the way and `min_retention` is zero.
         while !self.fits(&op.limits, 0, false)
             && self.order.front().is_some_and(|e| e.stamp != stamp)
-            && self.give_up_oldest(op.limits.min_retention, now, &mut op.tally)
+            && self.give_up_oldest(op.limits.min_retention.max(1), now, &mut op.tally)
         {}
         Ok(())
     }
@@ -1782,13 +1772,27 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_poisoned_record_is_never_given_up_for_room_before_its_ttl() {
-        // Full at 256 records with no floor: a new claim gives up the oldest completed one.
+        // Full at 512 records with no floor: a new claim gives up the oldest completed one.
         let s = MemoryStore::builder()
-            .max_records(256)
+            .max_records(512)
             .min_retention(Duration::ZERO)
             .build();
         let options = ClaimOptions::new(LEASE).crashes(1);
         poison(&s, &options).await;
+        // Many more poisoned keys, older than any completed record: none is in the way.
+        let poisoned: Vec<String> = (0..200).map(|i| format!("poisoned{i}")).collect();
+        for key in &poisoned {
+            let k = StoreKey { scope: "s", key };
+            s.claim_counted(k, "a", &options).unwrap();
+        }
+        tokio::time::advance(LEASE).await;
+        for key in &poisoned {
+            let k = StoreKey { scope: "s", key };
+            assert!(matches!(
+                s.claim_counted(k, "b", &options).unwrap(),
+                Claimed::Poisoned { first: true, .. }
+            ));
+        }
         for i in 0..2_000 {
             let key = format!("job{i}");
             let k = StoreKey {
@@ -1809,6 +1813,13 @@ mod tests {
             },
             "still poisoned: not claimed, not lettered again"
         );
+        for key in &poisoned {
+            let k = StoreKey { scope: "s", key };
+            assert!(matches!(
+                s.claim_counted(k, "c", &options).unwrap(),
+                Claimed::Poisoned { first: false, .. }
+            ));
+        }
     }
 
     #[tokio::test(start_paused = true)]
