@@ -689,6 +689,15 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
     .execute(store.pool())
     .await
     .unwrap();
+    // Poisoned, too: the earlier build takes over any row that expired.
+    sqlx::query(
+        "UPDATE jobguard_keys SET poisoned = true, crashes = 3 WHERE scope = $1 AND key = $2",
+    )
+    .bind(&*scope)
+    .bind(&*stored)
+    .execute(store.pool())
+    .await
+    .unwrap();
     // A worker of the earlier build takes the row over: its claim is live for a minute.
     let taken = sqlx::query(FIRST_CLAIM)
         .bind(&*scope)

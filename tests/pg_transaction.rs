@@ -7,7 +7,7 @@ use jobguard_testkit::pg_job::{JobError, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
-use jobguard::{Claim, Policy, Store, StoreKey};
+use jobguard::{Claim, ClaimOptions, Claimed, Policy, Store, StoreKey};
 use jobguard_testkit::redis::rerun_test;
 use postgres::PgServer;
 use sqlx::postgres::PgPool;
@@ -504,4 +504,38 @@ async fn a_deadlock_in_the_body_is_retried_in_a_savepoint_and_both_transfers_lan
         .unwrap();
     assert_eq!(balances, [(1, 100), (2, 100)], "each transfer moved once");
     assert_eq!(key_rows(&pool).await, 2);
+}
+
+#[tokio::test]
+async fn a_store_claim_that_lapsed_and_was_taken_over_in_a_transaction_replays_in_the_store() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let (store, pool) = setup(&server).await;
+    let k = StoreKey {
+        scope: SCOPE,
+        key: "abandoned",
+    };
+    let lease = Duration::from_secs(60);
+    assert!(matches!(
+        store.claim_with(k, "dead", ClaimOptions::new(lease)).await,
+        Ok(Claimed::Acquired { .. })
+    ));
+    // Its worker died: its lease and its row lapse (moved into the past, not waited for).
+    let (scope, stored) = PgStore::row_key(k);
+    sqlx::query(
+        "UPDATE jobguard_keys SET lease_ends_at = now() - interval '2 seconds', \
+         expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
+    )
+    .bind(&*scope)
+    .bind(&*stored)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // A delivery in a transaction takes the row over and commits its result ...
+    deliver(&pool, "abandoned", "tx").await.unwrap();
+    // ... which the store form replays, instead of reading the old lease as a lapsed claim.
+    let replay = store.claim(k, "t", None, lease).await;
+    assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
+    assert_eq!(effects(&pool, "abandoned").await, 1);
 }

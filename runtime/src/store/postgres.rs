@@ -61,7 +61,9 @@
 //! The migration therefore adds a trigger, `jobguard_keys_unknown_lease`, that clears
 //! `lease_ends_at` whenever a row changes hands without a new `generation` (only an earlier
 //! build's claim does that; every claim of this build counts a generation), so such a claim's
-//! lease ends at its `expires_at`, as it did then. The trigger's `WHEN` condition is checked
+//! lease ends at its `expires_at`, as it did then. It also clears `poisoned` and `crashes`:
+//! the earlier build takes over only a row that expired, whose history this build would have
+//! dropped too. The trigger's `WHEN` condition is checked
 //! without calling the function, so this build's own statements pay one comparison a row.
 //! The other way round is not covered: an earlier build reads this build's released row (no
 //! token, no result) as a completed one without a result, and fails that call (`Error::Corrupt`). So run
@@ -170,6 +172,8 @@ CREATE OR REPLACE FUNCTION jobguard_keys_unknown_lease() RETURNS trigger
     LANGUAGE plpgsql AS $$
 BEGIN
     NEW.lease_ends_at := NULL;
+    NEW.crashes := 0;
+    NEW.poisoned := false;
     RETURN NEW;
 END
 $$;
@@ -1187,7 +1191,7 @@ FROM jobguard_keys WHERE scope = $1 AND key = $2
 // $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs.
 const TAKE_OVER_IN: &str = r#"
 UPDATE jobguard_keys
-SET token = $3, fingerprint = $4, result = NULL, poisoned = false,
+SET token = $3, fingerprint = $4, result = NULL, poisoned = false, lease_ends_at = NULL,
     generation = generation + 1,
     crashes = CASE WHEN expires_at <= now() THEN 0 ELSE crashes END,
     expires_at = now() + $5::bigint * interval '1 microsecond'
@@ -1200,7 +1204,7 @@ RETURNING 1
 // check, since no one else can see it before the commit.
 const COMPLETE_IN: &str = r#"
 UPDATE jobguard_keys
-SET token = NULL, result = $4, expires_at = now() + $5::bigint * interval '1 microsecond'
+SET token = NULL, result = $4, lease_ends_at = NULL, expires_at = now() + $5::bigint * interval '1 microsecond'
 WHERE scope = $1 AND key = $2 AND token = $3
 "#;
 
