@@ -6,6 +6,7 @@
 //! Where a lease must lapse it is short (300 ms), and the tests poll the database with a
 //! deadline rather than sleep for a guessed time.
 
+use jobguard_testkit::pg_job;
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
@@ -679,16 +680,8 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
         })
     );
     // The claim and its row lapse (moved into the past rather than waited for).
+    pg_job::lapse(store.pool(), k).await;
     let (scope, stored) = PgStore::row_key(k);
-    sqlx::query(
-        "UPDATE jobguard_keys SET lease_ends_at = now() - interval '2 seconds', \
-         expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
-    )
-    .bind(&*scope)
-    .bind(&*stored)
-    .execute(store.pool())
-    .await
-    .unwrap();
     // Poisoned, too: the earlier build takes over any row that expired.
     sqlx::query(
         "UPDATE jobguard_keys SET poisoned = true, crashes = 3 WHERE scope = $1 AND key = $2",

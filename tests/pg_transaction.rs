@@ -3,7 +3,7 @@
 //! the key's row, 200 keys delivered 8 times each from 4 processes, a worker killed between its
 //! effect and its commit, and a deadlock retried in a savepoint.
 
-use jobguard_testkit::pg_job::{JobError, pool};
+use jobguard_testkit::pg_job::{self, JobError, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
@@ -522,16 +522,7 @@ async fn a_store_claim_that_lapsed_and_was_taken_over_in_a_transaction_replays_i
         Ok(Claimed::Acquired { .. })
     ));
     // Its worker died: its lease and its row lapse (moved into the past, not waited for).
-    let (scope, stored) = PgStore::row_key(k);
-    sqlx::query(
-        "UPDATE jobguard_keys SET lease_ends_at = now() - interval '2 seconds', \
-         expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
-    )
-    .bind(&*scope)
-    .bind(&*stored)
-    .execute(&pool)
-    .await
-    .unwrap();
+    pg_job::lapse(&pool, k).await;
     // A delivery in a transaction takes the row over and commits its result ...
     deliver(&pool, "abandoned", "tx").await.unwrap();
     // ... which the store form replays, instead of reading the old lease as a lapsed claim.

@@ -2,7 +2,7 @@
 //! made-up transient one), classified as jobguard classifies each, and a pool with a patient
 //! acquire timeout for tests that race many deliveries.
 
-use jobguard::{Transient, Verdict};
+use jobguard::{PgStore, StoreKey, Transient, Verdict};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use std::time::Duration;
 
@@ -58,4 +58,19 @@ pub async fn pool(url: &str, size: u32) -> PgPool {
         .connect(url)
         .await
         .expect("connect")
+}
+
+/// Moves the lease and the expiry of `key`'s row into the past, as if its worker had died long
+/// ago: the tests run on the database's clock, which they cannot advance.
+pub async fn lapse(pool: &PgPool, key: StoreKey<'_>) {
+    let (scope, stored) = PgStore::row_key(key);
+    sqlx::query(
+        "UPDATE jobguard_keys SET lease_ends_at = now() - interval '2 seconds', \
+         expires_at = now() - interval '1 second' WHERE scope = $1 AND key = $2",
+    )
+    .bind(&*scope)
+    .bind(&*stored)
+    .execute(pool)
+    .await
+    .expect("move the row into the past");
 }
