@@ -17,14 +17,18 @@
 //! Everything runs on one current-thread tokio runtime, the way a worker would run a job;
 //! criterion's `to_async` enters it once per sample, not once per call.
 
-use backon::{ConstantBuilder, ExponentialBuilder, Retryable};
+#[path = "support/success_path.rs"]
+mod success_path;
+
+use backon::{ConstantBuilder, Retryable};
 use criterion::{Criterion, criterion_group, criterion_main};
-use jobguard::{CircuitBreaker, Jitter, Policy};
+use jobguard::{Jitter, Policy};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::io;
 use std::time::Duration;
-use tokio_retry::strategy::{ExponentialBackoff, FixedInterval};
+use success_path::*;
+use tokio_retry::strategy::FixedInterval;
 
 /// The work every contender wraps: fails with a transient I/O error (which allocates nothing)
 /// until it has been called `fail + 1` times, then answers.
@@ -78,54 +82,6 @@ async fn tokio_retry(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
         work(calls, fail)
     })
     .await
-}
-
-/// The success path's work: as small as the peers' examples.
-async fn answer(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-async fn answer_bare(n: u64) -> Result<u64, io::Error> {
-    answer(n).await
-}
-
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
-async fn answer_retry(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-static BREAKER: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
-
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", breaker = BREAKER)]
-async fn answer_breaker(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-const CURVE: Policy = Policy::new()
-    .attempts(5)
-    .base(Duration::from_millis(500))
-    .cap(Duration::from_secs(8));
-
-async fn answer_policy_run(n: u64) -> Result<u64, io::Error> {
-    CURVE.run("bench::answer", async |_| answer(n).await).await
-}
-
-async fn answer_backon(n: u64) -> Result<u64, io::Error> {
-    let curve = ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(8))
-        .with_max_times(4)
-        .with_jitter();
-    (|| answer(n)).retry(curve).await
-}
-
-async fn answer_tokio_retry(n: u64) -> Result<u64, io::Error> {
-    let curve = ExponentialBackoff::from_millis(2)
-        .factor(250)
-        .max_delay(Duration::from_secs(8))
-        .map(tokio_retry::strategy::jitter)
-        .take(4);
-    tokio_retry::Retry::start(curve, || answer(n)).await
 }
 
 /// Benchmarks one contender of the success path.

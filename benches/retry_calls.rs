@@ -19,67 +19,15 @@
 //! /usr/bin/time -f %U target/release/deps/retry_calls-* CONTENDER 50000000
 //! ```
 
-use backon::{ExponentialBuilder, Retryable};
-use jobguard::{CircuitBreaker, Policy};
+#[path = "support/success_path.rs"]
+mod success_path;
+
 use std::hint::black_box;
 use std::io;
-use std::time::Duration;
-use tokio_retry::strategy::ExponentialBackoff;
-
-static BREAKER: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30));
+use success_path::*;
 
 #[inline(never)]
 async fn bare(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-/// The work itself, as `benches/retry.rs` has it.
-async fn answer(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-/// `benches/retry.rs`'s "bare call": the work behind one plain `async fn`.
-async fn answer_bare(n: u64) -> Result<u64, io::Error> {
-    answer(n).await
-}
-
-/// `benches/retry.rs`'s tokio-retry contender.
-async fn answer_tokio_retry(n: u64) -> Result<u64, io::Error> {
-    let curve = ExponentialBackoff::from_millis(2)
-        .factor(250)
-        .max_delay(Duration::from_secs(8))
-        .map(tokio_retry::strategy::jitter)
-        .take(4);
-    tokio_retry::Retry::start(curve, || answer(n)).await
-}
-
-/// `benches/retry.rs`'s backon contender.
-async fn answer_backon(n: u64) -> Result<u64, io::Error> {
-    let curve = ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(8))
-        .with_max_times(4)
-        .with_jitter();
-    (|| answer(n)).retry(curve).await
-}
-
-const CURVE: Policy = Policy::new()
-    .attempts(5)
-    .base(Duration::from_millis(500))
-    .cap(Duration::from_secs(8));
-
-/// `benches/retry.rs`'s `Policy::run` contender.
-async fn answer_policy_run(n: u64) -> Result<u64, io::Error> {
-    CURVE.run("bench::answer", async |_| answer(n).await).await
-}
-
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
-async fn retried(n: u64) -> Result<u64, io::Error> {
-    Ok(black_box(n) + 1)
-}
-
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", breaker = BREAKER)]
-async fn broken(n: u64) -> Result<u64, io::Error> {
     Ok(black_box(n) + 1)
 }
 
@@ -111,10 +59,10 @@ fn main() {
             "bare" => calls!(bare, calls),
             "bare-call" => calls!(answer_bare, calls),
             "tokio-retry" => calls!(answer_tokio_retry, calls),
-            "breaker" => calls!(broken, calls),
+            "breaker" => calls!(answer_breaker, calls),
             "policy-run" => calls!(answer_policy_run, calls),
             "backon" => calls!(answer_backon, calls),
-            "retry" => calls!(retried, calls),
+            "retry" => calls!(answer_retry, calls),
             other => panic!(
                 "no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker, policy-run, \
                  backon"
