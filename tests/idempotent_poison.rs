@@ -30,12 +30,28 @@ async fn charge(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
     Ok(100)
 }
 
-/// A worker that claims `order` and dies: its claim is never completed nor released.
-async fn dies_holding(store: &MemoryStore, order: &str, worker: &str) -> Claimed {
-    let options = ClaimOptions::new(LEASE).crashes(2);
-    let claimed = store.claim_with(key(order), worker, options).await.unwrap();
+/// A worker that claims `k` with `options` and dies: its claim is never completed nor
+/// released, and once its lease has lapsed the next claim counts one crash.
+async fn abandon(
+    store: &MemoryStore,
+    k: StoreKey<'_>,
+    worker: &str,
+    options: ClaimOptions<'_>,
+) -> Claimed {
+    let claimed = store.claim_with(k, worker, options).await.unwrap();
     tokio::time::advance(LEASE).await;
     claimed
+}
+
+/// [`abandon`] by a worker of `charge`, whose crash limit is 2.
+async fn dies_holding(store: &MemoryStore, order: &str, worker: &str) -> Claimed {
+    abandon(
+        store,
+        key(order),
+        worker,
+        ClaimOptions::new(LEASE).crashes(2),
+    )
+    .await
 }
 
 /// Collects the dead-letter events.
@@ -154,17 +170,6 @@ async fn retried(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
     Ok(1)
 }
 
-/// A worker of the job `scope` claims `order` with no crash limit and dies: once its lease has
-/// lapsed, the next claim counts one crash.
-async fn abandon(store: &MemoryStore, scope: &str, order: &str) {
-    let k = StoreKey { scope, key: order };
-    store
-        .claim_with(k, "dies", ClaimOptions::new(LEASE))
-        .await
-        .unwrap();
-    tokio::time::advance(LEASE).await;
-}
-
 #[tokio::test(start_paused = true)]
 async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter() {
     let store = MemoryStore::new();
@@ -173,7 +178,11 @@ async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter()
         .store(store.clone())
         .dead_letters(letters.clone())
         .build();
-    abandon(&store, "tests.poison.retried", "order-R").await;
+    let k = StoreKey {
+        scope: "tests.poison.retried",
+        key: "order-R",
+    };
+    abandon(&store, k, "dies", ClaimOptions::new(LEASE)).await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(retried("order-R", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
@@ -202,7 +211,11 @@ async fn the_crash_letter_goes_to_the_jobs_own_sink_like_its_other_letters() {
         .store(store.clone())
         .dead_letters(runtime_letters.clone())
         .build();
-    abandon(&store, "tests.poison.own_sink", "order-S").await;
+    let k = StoreKey {
+        scope: "tests.poison.own_sink",
+        key: "order-S",
+    };
+    abandon(&store, k, "dies", ClaimOptions::new(LEASE)).await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(with_own_sink("order-S", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));

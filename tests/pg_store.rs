@@ -32,13 +32,14 @@ async fn connect(server: &PgServer) -> PgStore {
     store
 }
 
-/// Microseconds left on the row's expiry, or `None` when there is no row.
-async fn left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
+/// Microseconds left until `column` (a timestamp expression of the row), or `None` when there
+/// is no row.
+async fn left_until(store: &PgStore, k: StoreKey<'_>, column: &str) -> Option<i64> {
     let (scope, key) = PgStore::row_key(k);
-    sqlx::query(
-        "SELECT floor(extract(epoch FROM expires_at - now()) * 1000000)::bigint \
-         FROM jobguard_keys WHERE scope = $1 AND key = $2",
-    )
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT floor(extract(epoch FROM {column} - now()) * 1000000)::bigint \
+         FROM jobguard_keys WHERE scope = $1 AND key = $2"
+    )))
     .bind(&*scope)
     .bind(&*key)
     .fetch_optional(store.pool())
@@ -47,20 +48,15 @@ async fn left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
     .map(|row| row.get(0))
 }
 
+/// Microseconds left on the row's expiry, or `None` when there is no row.
+async fn left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
+    left_until(store, k, "expires_at").await
+}
+
 /// Microseconds left on the row's lease (a claim written before crash counting has none of its
 /// own: its lease ends at its `expires_at`), or `None` when there is no row.
 async fn lease_left_us(store: &PgStore, k: StoreKey<'_>) -> Option<i64> {
-    let (scope, key) = PgStore::row_key(k);
-    sqlx::query(
-        "SELECT floor(extract(epoch FROM coalesce(lease_ends_at, expires_at) - now()) \
-         * 1000000)::bigint FROM jobguard_keys WHERE scope = $1 AND key = $2",
-    )
-    .bind(&*scope)
-    .bind(&*key)
-    .fetch_optional(store.pool())
-    .await
-    .expect("read the row")
-    .map(|row| row.get(0))
+    left_until(store, k, "coalesce(lease_ends_at, expires_at)").await
 }
 
 async fn rows(store: &PgStore) -> i64 {
