@@ -2,7 +2,8 @@
 //!
 //! # What it keeps, and for how long
 //!
-//! A [`MemoryStore`] keeps every live claim for its lease and every completed record for its TTL,
+//! A [`MemoryStore`] keeps every claim for its lease (and, so that a lapsed one can be found and
+//! counted as a crash, until its TTL unless room is short) and every completed record for its TTL,
 //! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
 //! allocated, each record's key, token and stored result as the allocator hands them out (one
@@ -11,8 +12,9 @@
 //! table has room to grow into), so the default bound holds about a million of them;
 //! [`MemoryStore::stats`] says what it holds now.
 //!
-//! When a new record would not fit, the store drops expired records, then gives up the **oldest
-//! completed records first**, before their TTL. It never gives up a live claim or a poisoned
+//! When a new record would not fit, the store drops expired records and released keys' histories
+//! (no result is forgotten with them), then gives up the **oldest completed records first**,
+//! before their TTL. It never gives up a live claim or a poisoned
 //! key (refused for its TTL, so that its job is not run and dead-lettered again), and never a
 //! record completed less than [`min_retention`](MemoryStoreBuilder::min_retention) ago (one hour
 //! by default): a redelivery within that window always replays. Each record given up is counted
@@ -180,7 +182,8 @@ pub struct MemoryStats {
     pub max_bytes: usize,
     /// Completed records given up before their TTL to make room.
     pub evicted: u64,
-    /// Records dropped because their TTL or lease ran out.
+    /// Records dropped without forgetting a result: their TTL ran out, or, when room was short,
+    /// a released key's history or a lapsed claim went first.
     pub expired: u64,
 }
 
@@ -218,7 +221,7 @@ struct Inner {
 #[derive(Default)]
 struct Shard {
     table: HashTable<Record>,
-    /// Completed and poisoned records, oldest first.
+    /// Completed records, oldest first.
     order: Order,
     /// Released keys' records (their generation and crash count), oldest first: the first to
     /// go when room is short, floor or not.
@@ -381,7 +384,8 @@ struct Record {
     /// Nanoseconds since the epoch: when the record is dropped (a claim's TTL from its claim, a
     /// completed record's from its completion).
     expires: u64,
-    /// The lease's end while claimed; the stamp ([`Shard::order`]'s key) in any other state.
+    /// The lease's end while claimed; the stamp ([`Shard::order`]'s or [`Shard::freed`]'s key)
+    /// once completed or released; unused once poisoned.
     at: u64,
     /// The claim's number among the key's claims, from 1.
     generation: u64,
@@ -725,10 +729,17 @@ impl Shard {
                 _ => break,
             }
         }
+        // Only the front entry itself, and only its own record: `give_up_oldest` would go past a
+        // stale front to a released key whose history has not expired.
         for _ in 0..EXPIRE_STEP {
             match self.freed.front() {
                 Some(entry) if entry.expires <= now => {
-                    self.give_up_oldest(u64::MAX, now, tally);
+                    self.freed.pop_front();
+                    if self.remove_ordered(entry) {
+                        tally.expired += 1;
+                    } else {
+                        self.freed.stale = self.freed.stale.saturating_sub(1);
+                    }
                 }
                 _ => break,
             }
@@ -827,12 +838,10 @@ impl Shard {
                 if options.crashes > 0 && crashes >= options.crashes {
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
                     let before = record.heap();
-                    let stamp = Self::stamp(&mut self.last_stamp, now);
                     record.state = State::Poisoned;
                     record.crashes = crashes;
                     record.set_payload(&[]);
                     record.expires = keep;
-                    record.at = stamp;
                     self.heap = self.heap + record.heap() - before;
                     self.written(keep);
                     return Ok(Claimed::Poisoned {

@@ -180,12 +180,14 @@ pub trait Store: Send + Sync {
     /// count until the claim's `options.ttl` runs out, so generations only grow while the key's
     /// history is kept.
     ///
-    /// When the history goes, the next claim starts again at generation 1 with no crash
-    /// counted: after the TTL; when a completed record expires (a completed record keeps no
-    /// generation); in [`MemoryStore`](memory::MemoryStore), when room is short (a released
-    /// key's history goes first, a lapsed claim when nothing else can; a poisoned record is kept
-    /// for its TTL, like a live claim, so a job is poisoned and lettered once). A downstream that keeps
-    /// the largest fence it saw should therefore forget it after the job's TTL.
+    /// Once the history has expired (the TTL, counted from the claim, or a completed record's
+    /// TTL), the crash count starts again at 0, and the generation may start again at 1: it
+    /// does in [`RedisStore`](crate::RedisStore) and in a [`MemoryStore`](memory::MemoryStore)
+    /// whose sweep has dropped the record; `PgStore` and a record not yet swept go on from the
+    /// last one. A `MemoryStore` short of room also drops a released key's history first, and a
+    /// lapsed claim when nothing else can go; a poisoned key is kept for its TTL, like a live
+    /// claim, so that a job is poisoned and lettered once. A downstream that keeps the largest
+    /// fence it saw should therefore forget it after the job's TTL.
     ///
     /// The default implementation calls [`claim`](Store::claim): generation `0`, no crash
     /// counted.
