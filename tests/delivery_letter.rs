@@ -1,7 +1,8 @@
 //! One job, one dead letter, in the engine: under a job runner's [`Delivery`], an exhausted
 //! `#[retry]` on a delivery that is not the last hands its error back (`Event::HandedBack`) and
 //! writes no letter; the last delivery writes one whose `attempts` counts every delivery's
-//! attempts. A permanent failure, and a call with no delivery in scope, write one at once.
+//! attempts. A permanent failure, and a call with no delivery in scope, write one at once. A letter
+//! the sink refuses settles nothing.
 
 use jobguard::{Delivery, Event, GiveUp, MemoryDeadLetters, Runtime, Transient};
 use std::sync::{Arc, Mutex};
@@ -121,6 +122,24 @@ async fn a_permanent_failure_writes_its_letter_on_any_delivery() {
             .unwrap()
             .iter()
             .any(|e| e.starts_with("HandedBack"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_letter_the_sink_refuses_does_not_settle_the_job() {
+    let refusing = jobguard::from_fn(|_letter| async {
+        Err(jobguard::Error::Store("the sink is down".into()))
+    });
+    let runtime = Runtime::builder().dead_letters(refusing).build();
+    let delivery = Delivery {
+        number: 1,
+        last: false,
+    };
+    let (result, dead_lettered) = runtime.scope(delivery.scope_settled(declined())).await;
+    assert!(matches!(result, Err(GatewayError::Declined)));
+    assert!(
+        !dead_lettered,
+        "no letter was kept: the runner may deliver the job again"
     );
 }
 

@@ -137,8 +137,8 @@ impl Delivery {
     }
 
     /// Notes that the job of the delivery in scope, if any, is settled: its one dead letter was
-    /// written now (a give-up) or before (a poisoned job's refusal), so it must not be delivered
-    /// again.
+    /// taken by the sink now (a give-up; a letter the sink refused settles nothing) or before (a
+    /// poisoned job's refusal), so it must not be delivered again.
     pub(crate) fn settle() {
         let _ = DELIVERY.try_with(|s| s.dead_lettered.set(true));
     }

@@ -374,13 +374,7 @@ pub mod tracing;
 /// `job`, when given, is the event's job as `#[retry]` declares it, so its keys are made once.
 #[inline(always)]
 pub(crate) fn record_job(event: &Event<'_>, job: Option<&'static Job>) {
-    #[cfg(feature = "metrics")]
-    match job {
-        Some(job) => self::metrics::record_keyed(event, &job.metrics),
-        None => self::metrics::record(event),
-    }
-    #[cfg(not(feature = "metrics"))]
-    let _ = job;
+    record_metrics(event, job);
     #[cfg(feature = "tracing")]
     self::tracing::record(event);
     let _ = event;

@@ -552,7 +552,6 @@ impl<'a> Retry<'a> {
                 .saturating_mul(self.policy.attempts)
                 .saturating_add(this_delivery)
         });
-        Delivery::settle();
         let now = SystemTime::now();
         let Slow {
             first_wall,
@@ -580,11 +579,14 @@ impl<'a> Retry<'a> {
                 Box::pin(async move { sink.send(letter).await })
             }
         };
+        // Settled only once the sink took the letter: a job whose letter was lost is not
+        // settled, so a runner may deliver it again rather than drop it with no record.
         let sending = async move {
-            if let Err(e) = send.await {
-                crate::observe::log_error(format_args!(
+            match send.await {
+                Ok(()) => Delivery::settle(),
+                Err(e) => crate::observe::log_error(format_args!(
                     "jobguard: job {job} gave up ({reason}) but its dead letter was lost: {e}"
-                ));
+                )),
             }
         };
         #[cfg(feature = "tracing")]
@@ -816,7 +818,8 @@ where
     type Output = ControlFlow<Result<T, E>>;
 
     /// The success path, inlined into the caller's own poll: when nothing needs more than the
-    /// attempt itself (nobody watches, no timeout or budget; a breaker is asked inline), the
+    /// attempt itself (nobody watches but `metrics`, whose attempt counter it records; no
+    /// timeout or budget; a breaker is asked inline), the
     /// first poll admits the attempt, polls it and accepts its `Ok` here. Everything else (an
     /// attempt that is pending or failed, a retried `Ok`, a refusal, every later poll) goes on
     /// in `Round::drive`, out of line.
