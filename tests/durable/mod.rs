@@ -260,24 +260,37 @@ pub async fn connect(url: &str) -> ConnectionManager {
         .expect("connect to the test's redis-server")
 }
 
+/// The counter `{name}:{id}`, 0 when it was never incremented.
+async fn count(redis: &mut ConnectionManager, name: &str, id: u32) -> u32 {
+    let n: Option<u32> = redis.get(format!("{name}:{id}")).await.expect("GET");
+    n.unwrap_or(0)
+}
+
+/// The list `{name}:{id}`, in order.
+async fn list<T: redis::FromRedisValue>(
+    redis: &mut ConnectionManager,
+    name: &str,
+    id: u32,
+) -> Vec<T> {
+    redis
+        .lrange(format!("{name}:{id}"), 0, -1)
+        .await
+        .expect("LRANGE")
+}
+
 /// How many times job `id`'s effect landed.
 pub async fn effects(redis: &mut ConnectionManager, id: u32) -> u32 {
-    let n: Option<u32> = redis.get(format!("effect:{id}")).await.expect("GET");
-    n.unwrap_or(0)
+    count(redis, "effect", id).await
 }
 
 /// How many times job `id`'s body reached its effect.
 pub async fn runs(redis: &mut ConnectionManager, id: u32) -> u32 {
-    let n: Option<u32> = redis.get(format!("runs:{id}")).await.expect("GET");
-    n.unwrap_or(0)
+    count(redis, "runs", id).await
 }
 
 /// The delivery numbers the body of job `id` saw, in order.
 pub async fn deliveries(redis: &mut ConnectionManager, id: u32) -> Vec<u32> {
-    redis
-        .lrange(format!("deliveries:{id}"), 0, -1)
-        .await
-        .expect("LRANGE")
+    list(redis, "deliveries", id).await
 }
 
 // The worker side.
@@ -481,23 +494,18 @@ async fn stall_point(id: u32) {
 
 /// How many of job `id`'s writes the fenced downstream refused.
 pub async fn refused(redis: &mut ConnectionManager, id: u32) -> u32 {
-    let n: Option<u32> = redis.get(format!("refused:{id}")).await.expect("GET");
-    n.unwrap_or(0)
+    count(redis, "refused", id).await
 }
 
 /// How many of job `id`'s runs got past the downstream write (applied or, for a plain one,
 /// landed).
 pub async fn written(redis: &mut ConnectionManager, id: u32) -> u32 {
-    let n: Option<u32> = redis.get(format!("written:{id}")).await.expect("GET");
-    n.unwrap_or(0)
+    count(redis, "written", id).await
 }
 
 /// The fences of job `id`'s writes, in the order the fenced downstream received them.
 pub async fn fences(redis: &mut ConnectionManager, id: u32) -> Vec<u64> {
-    redis
-        .lrange(format!("fences:{id}"), 0, -1)
-        .await
-        .expect("LRANGE")
+    list(redis, "fences", id).await
 }
 
 /// At an `abort` crash point named for this job, the process aborts: no unwinding, no release,
