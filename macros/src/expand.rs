@@ -169,8 +169,10 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                 const __JOBGUARD_POLICY: Policy =      // `let __jobguard_policy` when an
 //                     Policy::new().attempts(5)          // argument is not a literal
 //                         .base(Duration::from_millis(500));
-//                 let mut __jobguard_retry =
-//                     Retry::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY).key(&__jobguard_key);
+//                 let __jobguard_spec: Spec<'_> =       // a `static __JOBGUARD_SPEC` when it
+//                     Spec::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY)  // has no key, breaker,
+//                         .key(&__jobguard_key);      // sink or payload, and a `const` policy
+//                 let mut __jobguard_retry = Retry::new(&__jobguard_spec);
 //                 loop {
 //                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
 //                         .attempt(async { body }, ::jobguard::__private::transient)
@@ -363,15 +365,15 @@ fn retry_loop(
         let name = quote!(__jobguard_policy);
         (quote!(let #name: #krate::Policy = #policy;), name)
     };
-    let mut state = quote!(#krate::__private::Retry::of(&__JOBGUARD_JOB, &#policy_name));
+    let mut spec = quote!(#krate::__private::Spec::of(&__JOBGUARD_JOB, &#policy_name));
     if keyed {
-        state.extend(quote!(.key(&__jobguard_key)));
+        spec.extend(quote!(.key(&__jobguard_key)));
     }
     if let Some(b) = &r.breaker {
-        state.extend(quote!(.breaker(&#b)));
+        spec.extend(quote!(.breaker(&#b)));
     }
     if let Some(d) = &r.dead_letter {
-        state.extend(quote!(.dead_letter(&#d)));
+        spec.extend(quote!(.dead_letter(&#d)));
     }
     // The arguments are borrowed, never moved: the body still owns them.
     let payload = r.payload.as_ref().map(|p| {
@@ -382,9 +384,26 @@ fn retry_loop(
             }
             other => quote_spanned!(p.span()=> &#other),
         };
-        state.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
+        spec.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
         quote!(let __jobguard_payload = #borrowed;)
     });
+    // What the call reads of its job is one `static` when nothing in it is made per call, so
+    // that a call stores one pointer for all of it.
+    let per_call = !literal
+        || keyed
+        || r.breaker.is_some()
+        || r.dead_letter.is_some()
+        || r.payload.is_some();
+    let spec = if per_call {
+        quote!(let __jobguard_spec: #krate::__private::Spec<'_> = #spec;)
+    } else {
+        quote!(static __JOBGUARD_SPEC: #krate::__private::Spec<'static> = #spec;)
+    };
+    let spec_name = if per_call {
+        quote!(__jobguard_spec)
+    } else {
+        quote!(__JOBGUARD_SPEC)
+    };
     let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
     let method = Ident::new(
         if guarded {
@@ -423,7 +442,8 @@ fn retry_loop(
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
         #payload
-        let mut __jobguard_retry = #state;
+        #spec
+        let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
         loop {
             if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call
             {

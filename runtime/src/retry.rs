@@ -96,16 +96,78 @@ pub(crate) fn decide(
     Decision::RetryAfter(delay)
 }
 
-/// What one call of a retried job keeps between attempts.
-pub struct Retry<'a> {
+/// What every call of one job reads and none changes: its name, its policy and its optional
+/// parts. `#[retry]` keeps one in a `static` per function when it has no key, breaker, sink or
+/// payload and its policy is made of literals, so that a call stores one pointer for all of it
+/// (else the expansion makes one per call, as [`Policy::run`] does).
+#[doc(hidden)]
+pub struct Spec<'a> {
     job: &'a str,
     /// The job's static descriptor, when the name is known at compile time.
     known: Option<&'static Job>,
-    key: Option<&'a str>,
     policy: &'a Policy,
+    /// Whether the policy sets no time limit (no `timeout`, no `budget`): an attempt then needs
+    /// no clock, so a call nobody watches can take the inline path.
+    untimed: bool,
+    key: Option<&'a str>,
     breaker: Option<&'a CircuitBreaker>,
     sink: Option<&'a dyn DeadLetterSink>,
     payload: Option<&'a dyn Payload>,
+}
+
+impl<'a> Spec<'a> {
+    /// The calls of the job `job` declares, under `policy`: what `#[retry]` uses, with `job` in
+    /// a `static`.
+    pub const fn of(job: &'static Job, policy: &'a Policy) -> Self {
+        let mut spec = Self::named(job.name(), policy);
+        spec.known = Some(job);
+        spec
+    }
+
+    /// The calls of the job named `job`, under `policy`.
+    pub const fn named(job: &'a str, policy: &'a Policy) -> Self {
+        Spec {
+            job,
+            known: None,
+            policy,
+            untimed: policy.timeout.is_none() && policy.budget.is_none(),
+            key: None,
+            breaker: None,
+            sink: None,
+            payload: None,
+        }
+    }
+
+    /// The idempotency key, carried into events and the dead letter.
+    pub const fn key(mut self, key: &'a str) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// A breaker checked before every attempt.
+    pub const fn breaker(mut self, breaker: &'a CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// The sink for this job's give-up, instead of the runtime's.
+    pub const fn dead_letter(mut self, sink: &'a dyn DeadLetterSink) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
+    /// never otherwise: the success path neither serializes nor allocates.
+    pub fn payload<P: Payload>(mut self, payload: &'a P) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+}
+
+/// What one call of a retried job keeps between attempts.
+pub struct Retry<'a> {
+    /// What the call reads of its job.
+    spec: &'a Spec<'a>,
     /// Who sees this call's events, decided when it starts.
     watch: Watch,
     /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
@@ -195,32 +257,13 @@ struct Failures {
 }
 
 impl<'a> Retry<'a> {
-    /// The state for one call of the job named `job`, under `policy`, with the runtime in scope.
-    pub fn new(job: &'a str, policy: &'a Policy) -> Self {
-        Self::build(job, None, policy)
-    }
-
-    /// The state for one call of the job `job` declares, under `policy`: what `#[retry]` uses,
-    /// with `job` in a `static`.
-    #[inline]
-    pub fn of(job: &'static Job, policy: &'a Policy) -> Self {
-        Self::build(job.name(), Some(job), policy)
-    }
-
+    /// The state for one call of the job `spec` describes, with the runtime in scope.
     #[inline(always)]
-    fn build(job: &'a str, known: Option<&'static Job>, policy: &'a Policy) -> Self {
+    pub fn new(spec: &'a Spec<'a>) -> Self {
         let watch = crate::observe::watch();
-        let lean = matches!(watch, Watch::Nobody | Watch::Metrics)
-            && policy.timeout.is_none()
-            && policy.budget.is_none();
+        let lean = matches!(watch, Watch::Nobody | Watch::Metrics) && spec.untimed;
         Retry {
-            job,
-            known,
-            key: None,
-            policy,
-            breaker: None,
-            sink: None,
-            payload: None,
+            spec,
             watch,
             lean,
             number: 0,
@@ -229,31 +272,6 @@ impl<'a> Retry<'a> {
             #[cfg(feature = "tracing")]
             span: crate::observe::tracing::JobSpan::new(),
         }
-    }
-
-    /// The idempotency key, carried into events and the dead letter.
-    pub fn key(mut self, key: &'a str) -> Self {
-        self.key = Some(key);
-        self
-    }
-
-    /// A breaker checked before every attempt.
-    pub fn breaker(mut self, breaker: &'a CircuitBreaker) -> Self {
-        self.breaker = Some(breaker);
-        self
-    }
-
-    /// The sink for this job's give-up, instead of the runtime's.
-    pub fn dead_letter(mut self, sink: &'a dyn DeadLetterSink) -> Self {
-        self.sink = Some(sink);
-        self
-    }
-
-    /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
-    /// never otherwise: the success path neither serializes nor allocates.
-    pub fn payload<P: Payload>(mut self, payload: &'a P) -> Self {
-        self.payload = Some(payload);
-        self
     }
 
     /// The number the next attempt will have, from 1.
@@ -316,7 +334,7 @@ impl<'a> Retry<'a> {
     /// The failure state, made at the first failure.
     #[cold]
     fn failures(&mut self) -> &mut Failures {
-        let base = self.policy.base;
+        let base = self.spec.policy.base;
         self.failures.get_or_insert_with(|| {
             Box::new(Failures {
                 previous_delay: base,
@@ -333,9 +351,9 @@ impl<'a> Retry<'a> {
         if self.watch == Watch::Nobody {
             return;
         }
-        let (known, installed) = (self.known, self.slow().installed);
+        let (known, installed) = (self.spec.known, self.slow().installed);
         #[cfg(feature = "tracing")]
-        let _entered = self.span.enter(self.job, self.key);
+        let _entered = self.span.enter(self.spec.job, self.spec.key);
         match (self.watch, self.failures.as_mut()) {
             // A failing call keeps the runtime beside its failure state; a call that has not
             // failed holds nothing to drop and looks the runtime up for the event.
@@ -354,11 +372,11 @@ impl<'a> Retry<'a> {
     fn count_attempt(&self, number: u32) {
         crate::observe::record_metrics(
             &Event::Attempt {
-                job: self.job,
-                key: self.key,
+                job: self.spec.job,
+                key: self.spec.key,
                 attempt: number,
             },
-            self.known,
+            self.spec.known,
         );
     }
 
@@ -368,7 +386,7 @@ impl<'a> Retry<'a> {
     fn admit(&mut self, permit: &mut Option<Permit<'a>>) -> Admitted {
         // A call that is not lean fixes the installed runtime at its first admission.
         self.slow();
-        if let Some(breaker) = self.breaker {
+        if let Some(breaker) = self.spec.breaker {
             match breaker.acquire() {
                 Ok(granted) => *permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
@@ -377,15 +395,15 @@ impl<'a> Retry<'a> {
         self.number += 1;
         self.next_attempt_starts(None);
         #[cfg(feature = "tracing")]
-        self.span.record_attempt(self.job, self.key, self.number);
+        self.span.record_attempt(self.spec.job, self.spec.key, self.number);
         if self.watch != Watch::Nobody {
             self.emit(&Event::Attempt {
-                job: self.job,
-                key: self.key,
+                job: self.spec.job,
+                key: self.spec.key,
                 attempt: self.number,
             });
         }
-        match (self.policy.timeout, self.policy.budget) {
+        match (self.spec.policy.timeout, self.spec.policy.budget) {
             // A breaker alone needs no clock.
             (None, None) => Admitted::Run,
             (timeout, budget) => match self.limit(timeout, budget) {
@@ -452,8 +470,8 @@ impl<'a> Retry<'a> {
         }
         if self.watch != Watch::Nobody {
             self.emit(&Event::Succeeded {
-                job: self.job,
-                key: self.key,
+                job: self.spec.job,
+                key: self.spec.key,
                 attempts: self.number,
             });
         }
@@ -478,7 +496,7 @@ impl<'a> Retry<'a> {
         {
             permit.failure();
         }
-        let policy = self.policy;
+        let policy = self.spec.policy;
         let elapsed = policy.budget.and_then(|budget| {
             let start = *self.slow().started.get_or_insert_with(Instant::now);
             start.checked_add(budget).map(|_| start.elapsed())
@@ -491,8 +509,8 @@ impl<'a> Retry<'a> {
             Decision::RetryAfter(delay) => {
                 self.failures().previous_delay = delay;
                 self.emit(&Event::Retry {
-                    job: self.job,
-                    key: self.key,
+                    job: self.spec.job,
+                    key: self.spec.key,
                     attempt,
                     delay,
                     verdict,
@@ -505,7 +523,7 @@ impl<'a> Retry<'a> {
     }
 
     fn jittered(&mut self, retry: u32) -> Duration {
-        let p = self.policy;
+        let p = self.spec.policy;
         let curve = p.delay(retry);
         if !p.jitter.is_random() {
             return curve;
@@ -538,8 +556,8 @@ impl<'a> Retry<'a> {
             && redeliverable(reason)
         {
             self.emit(&Event::HandedBack {
-                job: self.job,
-                key: self.key,
+                job: self.spec.job,
+                key: self.spec.key,
                 attempts: this_delivery,
                 delivery,
                 reason,
@@ -549,7 +567,7 @@ impl<'a> Retry<'a> {
         }
         let attempts = delivery.map_or(this_delivery, |d| {
             (d.number.saturating_sub(1))
-                .saturating_mul(self.policy.attempts)
+                .saturating_mul(self.spec.policy.attempts)
                 .saturating_add(this_delivery)
         });
         let now = SystemTime::now();
@@ -560,19 +578,19 @@ impl<'a> Retry<'a> {
         } = *self.slow();
         let first = first_wall.unwrap_or(now);
         let letter = DeadLetter::new(
-            self.job,
-            self.key.map(str::to_owned),
+            self.spec.job,
+            self.spec.key.map(str::to_owned),
             reason,
             attempts,
             error,
             first,
             last_wall.unwrap_or(first),
         );
-        let payload = self.payload;
+        let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
-        let job = self.job;
-        let send = match self.sink {
+        let job = self.spec.job;
+        let send = match self.spec.sink {
             Some(sink) => sink.send(letter),
             None => {
                 let sink = self.runtime().inner.dead_letters.clone();
@@ -593,7 +611,7 @@ impl<'a> Retry<'a> {
         let sending = tracing::Instrument::instrument(
             sending,
             self.span
-                .handle(self.job, self.key)
+                .handle(self.spec.job, self.spec.key)
                 .unwrap_or_else(tracing::Span::none),
         );
         Box::pin(sending)
@@ -830,7 +848,7 @@ where
             return self.drive(cx);
         }
         // The permit and the running attempt stay in registers until the outcome is known.
-        let permit = match this.retry.breaker {
+        let permit = match this.retry.spec.breaker {
             None => None,
             Some(breaker) => match breaker.acquire() {
                 Ok(granted) => Some(granted),
@@ -968,7 +986,7 @@ where
             // The attempt runs.
             let polled = {
                 #[cfg(feature = "tracing")]
-                let _entered = this.retry.span.enter(this.retry.job, this.retry.key);
+                let _entered = this.retry.span.enter(this.retry.spec.job, this.retry.spec.key);
                 let attempt = attempt.as_mut();
                 let number = this.retry.number;
                 let started = &mut Slow::of(&mut this.retry.slow).attempt_started;
@@ -1199,7 +1217,8 @@ impl Policy {
         K: Fn(&T) -> V,
         V: Into<Verdict>,
     {
-        let mut retry = Retry::new(job, self);
+        let spec = Spec::named(job, self);
+        let mut retry = Retry::new(&spec);
         loop {
             let attempt = retry.next_attempt();
             let round = retry
@@ -1355,10 +1374,11 @@ mod tests {
     #[test]
     fn a_call_with_a_time_limit_is_not_lean() {
         let limited = ZERO.timeout(Duration::from_secs(1));
-        assert!(!Retry::new("job", &limited).lean);
+        assert!(!Retry::new(&Spec::named("job", &limited)).lean);
         let budgeted = ZERO.budget(Duration::from_secs(1));
-        assert!(!Retry::new("job", &budgeted).lean);
-        let plain = Retry::new("job", &ZERO);
+        assert!(!Retry::new(&Spec::named("job", &budgeted)).lean);
+        let spec = Spec::named("job", &ZERO);
+        let plain = Retry::new(&spec);
         assert_eq!(
             plain.lean,
             matches!(plain.watch, Watch::Nobody | Watch::Metrics)
@@ -1370,7 +1390,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_attempt_pending_at_its_first_poll_keeps_its_number() {
-        let mut retry = Retry::new("job", &ZERO);
+        let spec = Spec::named("job", &ZERO);
+        let mut retry = Retry::new(&spec);
         let got = call(&mut retry, |n| async move {
             let before = crate::attempt().map(|a| a.number);
             tokio::task::yield_now().await;
@@ -1384,7 +1405,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_first_attempt_goes_on_to_the_next() {
-        let mut retry = Retry::new("job", &ZERO);
+        let spec = Spec::named("job", &ZERO);
+        let mut retry = Retry::new(&spec);
         let mut seen = Vec::new();
         let got = call(&mut retry, |n| {
             seen.push(crate::attempt().map(|a| a.number));
@@ -1406,9 +1428,10 @@ mod tests {
         let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
         breaker.acquire().unwrap().failure();
         let sink = crate::MemoryDeadLetters::new();
-        let mut retry = Retry::new("job", &ZERO)
+        let spec = Spec::named("job", &ZERO)
             .breaker(&breaker)
             .dead_letter(&sink);
+        let mut retry = Retry::new(&spec);
         let mut made = 0;
         let got: Result<(), Error> = call(&mut retry, |_| {
             made += 1;
@@ -1431,13 +1454,15 @@ mod tests {
         let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
         let once = ZERO.attempts(1);
         let sink = crate::MemoryDeadLetters::new();
-        let mut retry = Retry::new("job", &once).breaker(&breaker);
+        let spec = Spec::named("job", &once).breaker(&breaker);
+        let mut retry = Retry::new(&spec);
         let ok = call(&mut retry, |_| async { Ok(7) }).await;
         assert_eq!(ok.unwrap(), 7);
         assert_eq!(breaker.state(), crate::BreakerState::Closed);
-        let mut retry = Retry::new("job", &once)
+        let spec = Spec::named("job", &once)
             .breaker(&breaker)
             .dead_letter(&sink);
+        let mut retry = Retry::new(&spec);
         let failed: Result<(), Error> = call(&mut retry, |_| async { Err(Error::Timeout) }).await;
         assert!(matches!(failed, Err(Error::Timeout)));
         assert_eq!(breaker.state(), crate::BreakerState::Open);
@@ -1446,7 +1471,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_ok_that_on_ok_retries_goes_round_again() {
-        let mut retry = Retry::new("job", &ZERO);
+        let spec = Spec::named("job", &ZERO);
+        let mut retry = Retry::new(&spec);
         let got: Result<u32, Error> = loop {
             let n = retry.next_attempt();
             let round = retry
