@@ -369,9 +369,6 @@ fn retry_loop(
     if keyed {
         spec.extend(quote!(.key(&__jobguard_key)));
     }
-    if let Some(b) = &r.breaker {
-        spec.extend(quote!(.breaker(&#b)));
-    }
     if let Some(d) = &r.dead_letter {
         spec.extend(quote!(.dead_letter(&#d)));
     }
@@ -389,11 +386,7 @@ fn retry_loop(
     });
     // What the call reads of its job is one `static` when nothing in it is made per call, so
     // that a call stores one pointer for all of it.
-    let per_call = !literal
-        || keyed
-        || r.breaker.is_some()
-        || r.dead_letter.is_some()
-        || r.payload.is_some();
+    let per_call = !literal || keyed || r.dead_letter.is_some() || r.payload.is_some();
     let spec = if per_call {
         quote!(let __jobguard_spec: #krate::__private::Spec<'_> = #spec;)
     } else {
@@ -404,15 +397,26 @@ fn retry_loop(
     } else {
         quote!(__JOBGUARD_SPEC)
     };
-    let guarded = r.breaker.is_some() || r.timeout.is_some() || r.budget.is_some();
-    let method = Ident::new(
-        if guarded {
-            "attempt_guarded"
-        } else {
-            "attempt"
-        },
-        ret.span(),
-    );
+    // The breaker is each round's, so that the success path asks it at an address it knows: a
+    // path (a `static`, as usual) is named in each round, any other expression is evaluated once
+    // per call, before the first.
+    let (breaker_once, breaker) = match &r.breaker {
+        Some(b @ Expr::Path(_)) => (None, Some(quote!(&#b))),
+        Some(b) => (
+            Some(quote!(let __jobguard_breaker: &#krate::CircuitBreaker = &#b;)),
+            Some(quote!(__jobguard_breaker)),
+        ),
+        None => (None, None),
+    };
+    let timed = r.timeout.is_some() || r.budget.is_some();
+    let (method, breaker_arg) = match (timed, &breaker) {
+        (true, Some(b)) => ("attempt_guarded", quote!(::core::option::Option::Some(#b),)),
+        (true, None) => ("attempt_guarded", quote!(::core::option::Option::None,)),
+        (false, Some(b)) => ("attempt_permitted", quote!(#b,)),
+        (false, None) => ("attempt", quote!()),
+    };
+    let guarded = timed || breaker.is_some();
+    let method = Ident::new(method, ret.span());
     let classify = match &r.on {
         None => quote_spanned!(ret.span()=> #krate::__private::transient),
         Some(On::Transient(span)) => {
@@ -434,15 +438,16 @@ fn retry_loop(
         }
     });
     let call = if guarded {
-        quote_spanned!(ret.span()=> __jobguard_retry.#method(#body, #classify) #on_ok .await)
+        quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
     } else {
-        quote!(__jobguard_retry.#method(#body, #classify) #on_ok .await)
+        quote!(__jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
     };
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
         #payload
         #spec
+        #breaker_once
         let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
         loop {
             if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call

@@ -34,6 +34,7 @@ use rand::rngs::SmallRng;
 use std::collections::VecDeque;
 use std::fmt::{self, Display};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
@@ -97,9 +98,10 @@ pub(crate) fn decide(
 }
 
 /// What every call of one job reads and none changes: its name, its policy and its optional
-/// parts. `#[retry]` keeps one in a `static` per function when it has no key, breaker, sink or
-/// payload and its policy is made of literals, so that a call stores one pointer for all of it
-/// (else the expansion makes one per call, as [`Policy::run`] does).
+/// parts. `#[retry]` keeps one in a `static` per function when it has no key, sink or payload
+/// and its policy is made of literals, so that a call stores one pointer for all of it (else the
+/// expansion makes one per call, as [`Policy::run`] does). The breaker is the round's (see
+/// [`Retry::attempt_permitted`]), so that the success path asks it at an address it knows.
 #[doc(hidden)]
 pub struct Spec<'a> {
     job: &'a str,
@@ -110,7 +112,6 @@ pub struct Spec<'a> {
     /// no clock, so a call nobody watches can take the inline path.
     untimed: bool,
     key: Option<&'a str>,
-    breaker: Option<&'a CircuitBreaker>,
     sink: Option<&'a dyn DeadLetterSink>,
     payload: Option<&'a dyn Payload>,
 }
@@ -132,7 +133,6 @@ impl<'a> Spec<'a> {
             policy,
             untimed: policy.timeout.is_none() && policy.budget.is_none(),
             key: None,
-            breaker: None,
             sink: None,
             payload: None,
         }
@@ -141,12 +141,6 @@ impl<'a> Spec<'a> {
     /// The idempotency key, carried into events and the dead letter.
     pub const fn key(mut self, key: &'a str) -> Self {
         self.key = Some(key);
-        self
-    }
-
-    /// A breaker checked before every attempt.
-    pub const fn breaker(mut self, breaker: &'a CircuitBreaker) -> Self {
-        self.breaker = Some(breaker);
         self
     }
 
@@ -184,7 +178,7 @@ pub struct Retry<'a> {
     /// nothing else.
     slow: Option<Slow>,
     /// What only a failure needs, allocated at the first one.
-    failures: Option<Box<Failures>>,
+    failures: Option<Box<Failures<'a>>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
 }
@@ -202,7 +196,7 @@ impl Drop for Retry<'_> {
 
 #[cold]
 #[inline(never)]
-fn drop_failures(failures: Box<Failures>) {
+fn drop_failures(failures: Box<Failures<'_>>) {
     drop(failures);
 }
 
@@ -247,13 +241,17 @@ impl Slow {
 }
 
 /// The state only a failing call needs.
-struct Failures {
+struct Failures<'a> {
     /// The last delay, for decorrelated jitter.
     previous_delay: Duration,
     rng: Option<SmallRng>,
     trail: Trail,
     /// The runtime in scope, looked up the first time a failure needs it.
     runtime: Option<Current>,
+    /// The timer of the delay before the next attempt, while a round sleeps.
+    delay: Option<Pin<Box<Sleep>>>,
+    /// The dead letter on its way to the sink, while a round gives up.
+    sending: Option<Sending<'a>>,
 }
 
 impl<'a> Retry<'a> {
@@ -288,32 +286,56 @@ impl<'a> Retry<'a> {
         &mut self,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk, Unguarded>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
         V: Into<Verdict>,
         E: Describe,
     {
-        Round::new(self, attempt, on_err, None)
+        Round::new(self, attempt, on_err, Unguarded)
     }
 
-    /// [`Retry::attempt`] under the breaker, the per-attempt timeout and the budget, which fail
-    /// with a [`jobguard::Error`](Error) converted into `E`. `attempt` is not polled when the
-    /// breaker refuses it.
+    /// [`Retry::attempt`] under `breaker` (and no timeout or budget), which fails with a
+    /// [`jobguard::Error`](Error) converted into `E` when it is open. `attempt` is not polled
+    /// when the breaker refuses it.
     #[inline]
-    pub fn attempt_guarded<T, E, F, C, V>(
+    pub fn attempt_permitted<T, E, F, C, V>(
         &mut self,
+        breaker: &'a CircuitBreaker,
         attempt: F,
         on_err: C,
-    ) -> Round<'_, 'a, T, E, F, C, AcceptOk>
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk, Permitted<'a, E>>
     where
         F: Future<Output = Result<T, E>>,
         C: FnOnce(&E) -> V,
         V: Into<Verdict>,
         E: FromJobguard + Describe,
     {
-        Round::new(self, attempt, on_err, Some(E::from))
+        Round::new(self, attempt, on_err, Permitted::new(Some(breaker)))
+    }
+
+    /// [`Retry::attempt`] under `breaker` if any, the per-attempt timeout and the budget, which
+    /// fail with a [`jobguard::Error`](Error) converted into `E`. `attempt` is not polled when
+    /// the breaker refuses it.
+    #[inline]
+    pub fn attempt_guarded<T, E, F, C, V>(
+        &mut self,
+        breaker: Option<&'a CircuitBreaker>,
+        attempt: F,
+        on_err: C,
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk, Guarded<'a, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: FromJobguard + Describe,
+    {
+        let guard = Guarded {
+            permitted: Permitted::new(breaker),
+            limit: None,
+        };
+        Round::new(self, attempt, on_err, guard)
     }
 
     /// The runtime in scope, looked up once per failing call.
@@ -333,7 +355,7 @@ impl<'a> Retry<'a> {
 
     /// The failure state, made at the first failure.
     #[cold]
-    fn failures(&mut self) -> &mut Failures {
+    fn failures(&mut self) -> &mut Failures<'a> {
         let base = self.spec.policy.base;
         self.failures.get_or_insert_with(|| {
             Box::new(Failures {
@@ -341,8 +363,20 @@ impl<'a> Retry<'a> {
                 rng: None,
                 trail: Trail::new(),
                 runtime: None,
+                delay: None,
+                sending: None,
             })
         })
+    }
+
+    /// The timer of the delay before the next attempt, when a round set one.
+    fn delay(&mut self) -> Option<Pin<&mut Sleep>> {
+        Some(self.failures.as_mut()?.delay.as_mut()?.as_mut())
+    }
+
+    /// The dead letter on its way, while a round gives up.
+    fn sending(&mut self) -> Option<Pin<&mut (dyn Future<Output = ()> + Send + 'a)>> {
+        Some(self.failures.as_mut()?.sending.as_mut()?.as_mut())
     }
 
     /// Raises `event` for whoever watches, inside the call's span with the `tracing` feature.
@@ -383,12 +417,13 @@ impl<'a> Retry<'a> {
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
     #[inline(always)]
-    fn admit(&mut self, permit: &mut Option<Permit<'a>>) -> Admitted {
+    fn admit(&mut self, breaker: Option<&'a CircuitBreaker>, timed: bool) -> Admitted<'a> {
         // A call that is not lean fixes the installed runtime at its first admission.
         self.slow();
-        if let Some(breaker) = self.spec.breaker {
+        let mut permit = None;
+        if let Some(breaker) = breaker {
             match breaker.acquire() {
-                Ok(granted) => *permit = Some(granted),
+                Ok(granted) => permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
             }
         }
@@ -403,14 +438,13 @@ impl<'a> Retry<'a> {
                 attempt: self.number,
             });
         }
-        match (self.spec.policy.timeout, self.spec.policy.budget) {
-            // A breaker alone needs no clock.
-            (None, None) => Admitted::Run,
-            (timeout, budget) => match self.limit(timeout, budget) {
-                Some((at, cut)) => Admitted::Until(at, cut),
-                None => Admitted::Run,
-            },
-        }
+        let limit = match (self.spec.policy.timeout, self.spec.policy.budget) {
+            // A breaker alone needs no clock, and only a round with a time limit can be cut.
+            (None, None) => None,
+            _ if !timed => None,
+            (timeout, budget) => self.limit(timeout, budget),
+        };
+        Admitted::Run { permit, limit }
     }
 
     /// The attempt's time limit: the nearer of its timeout and the budget's end. A limit too far
@@ -661,11 +695,13 @@ impl<T> OkVerdict<T> for AcceptOk {
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// What the admission of an attempt says.
-enum Admitted {
-    /// Run it, with no time limit.
-    Run,
-    /// Run it until this instant, then cut it for this reason.
-    Until(Instant, Origin),
+enum Admitted<'a> {
+    /// Run it, with the breaker's permit when there is a breaker, and until the time limit when
+    /// there is one (then cut it for the reason given).
+    Run {
+        permit: Option<Permit<'a>>,
+        limit: Option<(Instant, Origin)>,
+    },
     /// The breaker refused it, open for this much longer; it counts as no attempt.
     Refused(Duration),
 }
@@ -685,61 +721,170 @@ impl Display for OkRetried {
     }
 }
 
+/// What a round of one kind holds for the runtime's own checks while its attempt runs.
+///
+/// [`Unguarded`] holds nothing: its rounds ask no breaker and set no time limit, so nothing of
+/// jobguard's can fail them and their error type needs nothing from jobguard. [`Permitted`]
+/// holds the breaker's permit; [`Guarded`] the permit and the time limit. Both turn the
+/// runtime's own failures into the job's error. What any failed round needs (the delay's timer,
+/// the dead letter on its way) is in the call's failure state instead, so a round accepted at
+/// once drops no more than its guard.
+pub trait Guard<'a, E> {
+    /// Whether rounds of this kind can have a breaker: known at compile time, so that an
+    /// unguarded round's success path has no code for it.
+    const GUARDED: bool;
+
+    /// The runtime's own failure (a cut attempt, an open breaker) as the job's error; `None` for
+    /// a round that has none.
+    fn lift(error: Error) -> Option<E>;
+
+    /// The breaker the attempt asks first, if any.
+    fn breaker(&self) -> Option<&'a CircuitBreaker>;
+
+    /// Where the attempt's permit is kept, for a round that asks the breaker.
+    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>>;
+
+    /// The attempt's time limit, for a round that can be cut.
+    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>>;
+}
+
+/// The [`Guard`] of a round with no breaker, timeout or budget: nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Unguarded;
+
+impl<'a, E> Guard<'a, E> for Unguarded {
+    const GUARDED: bool = false;
+
+    #[inline(always)]
+    fn lift(_: Error) -> Option<E> {
+        None
+    }
+
+    #[inline(always)]
+    fn breaker(&self) -> Option<&'a CircuitBreaker> {
+        None
+    }
+
+    #[inline(always)]
+    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
+        None
+    }
+
+    #[inline(always)]
+    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
+        None
+    }
+}
+
+/// The [`Guard`] of a round under a breaker, with no timeout or budget: the breaker, and its
+/// permit for the attempt while it runs.
+pub struct Permitted<'a, E> {
+    breaker: Option<&'a CircuitBreaker>,
+    permit: Option<Permit<'a>>,
+    lift: PhantomData<fn(Error) -> E>,
+}
+
+impl<'a, E> Permitted<'a, E> {
+    #[inline]
+    fn new(breaker: Option<&'a CircuitBreaker>) -> Self {
+        Permitted {
+            breaker,
+            permit: None,
+            lift: PhantomData,
+        }
+    }
+}
+
+impl<'a, E: FromJobguard> Guard<'a, E> for Permitted<'a, E> {
+    const GUARDED: bool = true;
+
+    #[inline]
+    fn lift(error: Error) -> Option<E> {
+        Some(E::from(error))
+    }
+
+    #[inline(always)]
+    fn breaker(&self) -> Option<&'a CircuitBreaker> {
+        self.breaker
+    }
+
+    #[inline]
+    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
+        Some(&mut self.get_mut().permit)
+    }
+
+    #[inline(always)]
+    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
+        None
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The [`Guard`] of a round under the per-attempt timeout or the budget (and the breaker,
+    /// when there is one): the breaker and its permit for the attempt, and the attempt's time
+    /// limit, while it runs.
+    pub struct Guarded<'a, E> {
+        permitted: Permitted<'a, E>,
+        #[pin]
+        limit: Option<Sleep>,
+    }
+}
+
+impl<'a, E: FromJobguard> Guard<'a, E> for Guarded<'a, E> {
+    const GUARDED: bool = true;
+
+    #[inline]
+    fn lift(error: Error) -> Option<E> {
+        Some(E::from(error))
+    }
+
+    #[inline(always)]
+    fn breaker(&self) -> Option<&'a CircuitBreaker> {
+        self.permitted.breaker
+    }
+
+    #[inline]
+    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
+        Some(&mut self.project().permitted.permit)
+    }
+
+    #[inline]
+    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
+        Some(self.project().limit)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// One turn of the retry loop, from [`Retry::attempt`]: admit the attempt, run it, then
     /// accept its outcome, sleep before the next attempt, or give up. Resolves to `Break` with
     /// the call's result, or `Continue` when the loop makes the next attempt.
     ///
-    /// The attempt is pinned beside the [`State`]; what only a round that did not succeed at
-    /// once holds (the breaker's permit, the one timer, the give-up) is one part, [`Held`],
-    /// made when the round first needs it, so that a round accepted at once writes and drops one
-    /// word for all of it.
+    /// The attempt is pinned beside the [`State`] and the round's [`Guard`]; the delay's timer
+    /// and the dead letter on its way are the call's (in its failure state), and the result a
+    /// give-up returns is kept here until the letter is on its way.
     #[must_use = "a round does nothing unless awaited"]
-    pub struct Round<'r, 'a, T, E, F, C, K> {
+    pub struct Round<'r, 'a, T, E, F, C, K, G> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
         on_ok: Option<K>,
-        // How the runtime's own failures become `E`; `None` when nothing can fail on its own.
-        lift: Option<fn(Error) -> E>,
         state: State,
+        // While giving up: the result to return once the dead letter is on its way.
+        result: Option<Result<T, E>>,
         #[pin]
         attempt: F,
         #[pin]
-        held: Option<Held<'a, T, E>>,
+        guard: G,
     }
 }
 
-pin_project_lite::pin_project! {
-    /// What a round holds once its attempt did not succeed at its first poll (or from its first
-    /// poll, on a call that is not lean).
-    #[project = HeldProj]
-    struct Held<'a, T, E> {
-        // The breaker's permit for the attempt, while it runs.
-        permit: Option<Permit<'a>>,
-        // While giving up: the dead letter on its way, and the result to return after it.
-        giving_up: Option<GivingUp<'a, T, E>>,
-        // The attempt's time limit while it runs, the delay after it failed.
-        #[pin]
-        timer: Option<Sleep>,
-    }
-}
-
-/// A round as its slow path works on it: the [`Held`] part made and projected beside the rest.
-struct Parts<'p, 'r, 'a, T, E, C, K> {
+/// A round as its slow path works on it.
+struct Parts<'p, 'r, 'a, T, E, C, K, G> {
     retry: &'p mut &'r mut Retry<'a>,
     on_err: &'p mut Option<C>,
     on_ok: &'p mut Option<K>,
-    lift: Option<fn(Error) -> E>,
     state: &'p mut State,
-    permit: &'p mut Option<Permit<'a>>,
-    giving_up: &'p mut Option<GivingUp<'a, T, E>>,
-    timer: Pin<&'p mut Option<Sleep>>,
-}
-
-/// A give-up in progress: the dead letter on its way, and the result to return after it.
-struct GivingUp<'a, T, E> {
-    sending: Sending<'a>,
-    result: Result<T, E>,
+    result: &'p mut Option<Result<T, E>>,
+    guard: Pin<&'p mut G>,
 }
 
 /// Where a [`Round`] is.
@@ -747,29 +892,29 @@ struct GivingUp<'a, T, E> {
 enum State {
     /// Not polled yet: the breaker is asked and the attempt counted at the first poll.
     Admit,
-    /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout or
-    /// the budget's end).
+    /// The attempt runs; the time limit, when set, cuts it for the reason `cut` gives (its
+    /// timeout or the budget's end).
     Run { cut: Origin },
-    /// The attempt failed; the next one starts when the timer fires (at once without one: a
-    /// zero delay needs no timer).
-    Sleep,
+    /// The attempt failed; the next one starts when the call's delay timer fires (`timed`), or
+    /// at once (a zero delay needs no timer).
+    Sleep { timed: bool },
     /// The call gave up: the dead letter is being sent, and the result is returned after it.
     GiveUp,
     /// The round resolved.
     Done,
 }
 
-impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
+impl<'r, 'a, T, E, F, C, K, G> Round<'r, 'a, T, E, F, C, K, G> {
     #[inline]
-    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, lift: Option<fn(Error) -> E>) -> Self {
+    fn new(retry: &'r mut Retry<'a>, attempt: F, on_err: C, guard: G) -> Self {
         Round {
             retry,
             on_err: Some(on_err),
             on_ok: None,
-            lift,
             state: State::Admit,
+            result: None,
             attempt,
-            held: None,
+            guard,
         }
     }
 
@@ -779,7 +924,7 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
     /// run out on a retried value, that last value is returned and the job is dead-lettered as
     /// [`GiveUp::Exhausted`].
     #[inline]
-    pub fn on_ok<K2>(self, on_ok: K2) -> Round<'r, 'a, T, E, F, C, K2>
+    pub fn on_ok<K2>(self, on_ok: K2) -> Round<'r, 'a, T, E, F, C, K2, G>
     where
         K2: FnOnce(&T) -> Verdict,
     {
@@ -787,51 +932,37 @@ impl<'r, 'a, T, E, F, C, K> Round<'r, 'a, T, E, F, C, K> {
             retry: self.retry,
             on_err: self.on_err,
             on_ok: Some(on_ok),
-            lift: self.lift,
             state: self.state,
+            result: self.result,
             attempt: self.attempt,
-            held: self.held,
+            guard: self.guard,
         }
     }
 
-    /// The round's parts for its slow path, its [`Held`] part made if it was not yet, and the
-    /// attempt.
+    /// The round's parts for its slow path, and the attempt.
     #[inline]
-    fn parts(self: Pin<&mut Self>) -> (Parts<'_, 'r, 'a, T, E, C, K>, Pin<&mut F>) {
+    fn parts(self: Pin<&mut Self>) -> (Parts<'_, 'r, 'a, T, E, C, K, G>, Pin<&mut F>) {
         let this = self.project();
-        let mut held = this.held;
-        if held.is_none() {
-            held.set(Some(Held {
-                permit: None,
-                giving_up: None,
-                timer: None,
-            }));
-        }
-        let held = match held.as_pin_mut() {
-            Some(held) => held.project(),
-            None => unreachable!("the held part was just made"),
-        };
         let parts = Parts {
             retry: this.retry,
             on_err: this.on_err,
             on_ok: this.on_ok,
-            lift: *this.lift,
             state: this.state,
-            permit: held.permit,
-            giving_up: held.giving_up,
-            timer: held.timer,
+            result: this.result,
+            guard: this.guard,
         };
         (parts, this.attempt)
     }
 }
 
-impl<T, E, F, C, V, K> Future for Round<'_, '_, T, E, F, C, K>
+impl<'a, T, E, F, C, V, K, G> Future for Round<'_, 'a, T, E, F, C, K, G>
 where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
     K: OkVerdict<T>,
     E: Describe,
+    G: Guard<'a, E>,
 {
     type Output = ControlFlow<Result<T, E>>;
 
@@ -843,18 +974,21 @@ where
     /// in `Round::drive`, out of line.
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.as_mut().project();
+        let mut this = self.as_mut().project();
         if *this.state != State::Admit || !this.retry.lean {
             return self.drive(cx);
         }
-        // The permit and the running attempt stay in registers until the outcome is known.
-        let permit = match this.retry.spec.breaker {
-            None => None,
-            Some(breaker) => match breaker.acquire() {
-                Ok(granted) => Some(granted),
+        // The permit is kept in the guard at once: the outcome takes it back in this poll.
+        if G::GUARDED && let Some(breaker) = this.guard.breaker() {
+            match breaker.acquire() {
+                Ok(granted) => {
+                    if let Some(slot) = this.guard.as_mut().permit() {
+                        *slot = Some(granted);
+                    }
+                }
                 Err(retry_in) => return self.refused(cx, retry_in),
-            },
-        };
+            }
+        }
         let number = this.retry.number + 1;
         if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
             this.retry.count_attempt(number);
@@ -873,24 +1007,27 @@ where
         };
         match (polled, classified) {
             (Poll::Ready(Ok(value)), Some(Verdict::Fail)) => {
-                if let Some(permit) = permit {
+                if G::GUARDED
+                    && let Some(permit) = this.guard.permit().and_then(Option::take)
+                {
                     permit.success();
                 }
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            (polled, classified) => self.went_on(cx, polled, classified, permit, started),
+            (polled, classified) => self.went_on(cx, polled, classified, started),
         }
     }
 }
 
-impl<'a, T, E, F, C, V, K> Round<'_, 'a, T, E, F, C, K>
+impl<'a, T, E, F, C, V, K, G> Round<'_, 'a, T, E, F, C, K, G>
 where
     F: Future<Output = Result<T, E>>,
     C: FnOnce(&E) -> V,
     V: Into<Verdict>,
     K: OkVerdict<T>,
     E: Describe,
+    G: Guard<'a, E>,
 {
     /// The inline path's refusal: the breaker refused the round's first attempt.
     #[cold]
@@ -905,8 +1042,8 @@ where
     }
 
     /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
-    /// said of an `Ok`), or its attempt pending: the round goes on from it with the attempt's
-    /// `permit` and the `started` it learned.
+    /// said of an `Ok`), or its attempt pending: the round goes on from it with the `started`
+    /// it learned (and the permit in its guard).
     #[cold]
     #[inline(never)]
     fn went_on(
@@ -914,13 +1051,11 @@ where
         cx: &mut Context<'_>,
         polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
-        permit: Option<Permit<'a>>,
         started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
         let (mut this, _) = self.as_mut().parts();
         this.retry.next_attempt_starts(started);
         *this.state = State::Run { cut: Origin::Body };
-        *this.permit = permit;
         match polled {
             // No timer was set (a lean call has no time limit): a pending attempt only waits.
             Poll::Pending => {
@@ -947,13 +1082,18 @@ where
             // straight on to its first poll below, without another turn of the loop.
             let cut = match *this.state {
                 State::Run { cut } => cut,
-                State::Admit => match this.retry.admit(this.permit) {
-                    Admitted::Run => {
-                        *this.state = State::Run { cut: Origin::Body };
-                        Origin::Body
-                    }
-                    Admitted::Until(at, cut) => {
-                        this.timer.set(Some(tokio::time::sleep_until(at)));
+                State::Admit => match this
+                    .retry
+                    .admit(this.guard.breaker(), this.guard.as_mut().limit().is_some())
+                {
+                    Admitted::Run { permit, limit } => {
+                        let cut = limit.map_or(Origin::Body, |(_, cut)| cut);
+                        if let Some(slot) = this.guard.as_mut().permit() {
+                            *slot = permit;
+                        }
+                        if let Some(mut timer) = this.guard.as_mut().limit() {
+                            timer.set(limit.map(|(at, _)| tokio::time::sleep_until(at)));
+                        }
                         *this.state = State::Run { cut };
                         cut
                     }
@@ -962,22 +1102,20 @@ where
                         continue;
                     }
                 },
-                State::Sleep => {
-                    if let Some(delay) = this.timer.as_mut().as_pin_mut() {
+                State::Sleep { timed } => {
+                    if timed && let Some(delay) = this.retry.delay() {
                         ready!(delay.poll(cx));
                     }
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
                 }
                 State::GiveUp => {
-                    if let Some(giving_up) = this.giving_up.as_mut() {
-                        ready!(giving_up.sending.as_mut().poll(cx));
+                    if let Some(sending) = this.retry.sending() {
+                        ready!(sending.poll(cx));
                     }
                     *this.state = State::Done;
-                    match this.giving_up.take() {
-                        Some(GivingUp { result, .. }) => {
-                            return Poll::Ready(ControlFlow::Break(result));
-                        }
+                    match this.result.take() {
+                        Some(result) => return Poll::Ready(ControlFlow::Break(result)),
                         None => unreachable!("a give-up holds its result"),
                     }
                 }
@@ -995,15 +1133,19 @@ where
             let (result, origin) = match polled {
                 Poll::Ready(result) => (result, Origin::Body),
                 Poll::Pending => {
-                    let limit = this.timer.as_mut().as_pin_mut().map(|t| t.poll(cx));
-                    match (limit, this.lift) {
-                        (Some(Poll::Ready(())), Some(lift)) => {
-                            let error = match cut {
-                                Origin::Budget => Error::Budget,
-                                _ => Error::Timeout,
-                            };
-                            (Err(lift(error)), cut)
-                        }
+                    let cut_now = match this.guard.as_mut().limit() {
+                        Some(timer) => match timer.as_pin_mut() {
+                            Some(limit) => limit.poll(cx).is_ready(),
+                            None => false,
+                        },
+                        None => false,
+                    };
+                    let error = match cut {
+                        Origin::Budget => Error::Budget,
+                        _ => Error::Timeout,
+                    };
+                    match G::lift(error) {
+                        Some(error) if cut_now => (Err(error), cut),
                         _ => {
                             this.retry.stamp();
                             return Poll::Pending;
@@ -1020,15 +1162,13 @@ where
     /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
     /// giving up (or asleep, for a refusal the policy retries).
     #[inline(always)]
-    fn refuse(this: &mut Parts<'_, '_, 'a, T, E, C, K>, retry_in: Duration) {
-        match this.lift {
-            Some(lift) => {
-                let refused = Error::CircuitOpen { retry_in };
-                let next = this
-                    .retry
-                    .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
-                Self::after(this, next, Err(lift(refused)));
-            }
+    fn refuse(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>, retry_in: Duration) {
+        let refused = Error::CircuitOpen { retry_in };
+        let next = this
+            .retry
+            .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
+        match G::lift(refused) {
+            Some(error) => Self::after(this, next, Err(error)),
             // Only a guarded round has a breaker to refuse it.
             None => unreachable!("a breaker on an unguarded round"),
         }
@@ -1038,7 +1178,7 @@ where
     /// else the round goes on asleep before the next attempt or giving up (`Continue`).
     #[inline(always)]
     fn settle(
-        this: &mut Parts<'_, '_, 'a, T, E, C, K>,
+        this: &mut Parts<'_, '_, 'a, T, E, C, K, G>,
         result: Result<T, E>,
         origin: Origin,
         classified: Option<Verdict>,
@@ -1059,39 +1199,41 @@ where
             (Err(_), Origin::Timeout, None) => Verdict::Retry,
             (Err(_), _, None) => Verdict::Fail,
         };
+        let permit = this.guard.as_mut().permit().and_then(Option::take);
         let next = match &result {
             Ok(_) if verdict == Verdict::Fail => {
-                this.retry.succeeded(this.permit.take());
+                this.retry.succeeded(permit);
                 *this.state = State::Done;
                 return ControlFlow::Break(result);
             }
-            Ok(_) => this
-                .retry
-                .failed(&OkRetried, origin, verdict, this.permit.take()),
-            Err(error) => this
-                .retry
-                .failed(error, origin, verdict, this.permit.take()),
+            Ok(_) => this.retry.failed(&OkRetried, origin, verdict, permit),
+            Err(error) => this.retry.failed(error, origin, verdict, permit),
         };
         Self::after(this, next, result);
         ControlFlow::Continue(())
     }
 }
 
-impl<'a, T, E, F, C, K> Round<'_, 'a, T, E, F, C, K> {
-    /// The state after a failed outcome: asleep before the next attempt, or giving up.
-    /// The failed attempt's result is dropped when the loop goes on, and kept to be returned
-    /// when it gives up.
+impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
+    /// The state after a failed outcome: asleep before the next attempt, or giving up. The
+    /// attempt's time limit is dropped either way. The failed attempt's result is dropped when
+    /// the loop goes on, and kept to be returned when it gives up.
     #[cold]
-    fn after(this: &mut Parts<'_, '_, 'a, T, E, C, K>, next: Next<'a>, result: Result<T, E>) {
+    fn after(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>, next: Next<'a>, result: Result<T, E>) {
+        if let Some(mut limit) = this.guard.as_mut().limit() {
+            limit.set(None);
+        }
         *this.state = match next {
             Next::RetryAfter(delay) => {
-                this.timer
-                    .set((!delay.is_zero()).then(|| tokio::time::sleep(delay)));
-                State::Sleep
+                let timed = !delay.is_zero();
+                if timed {
+                    this.retry.failures().delay = Some(Box::pin(tokio::time::sleep(delay)));
+                }
+                State::Sleep { timed }
             }
             Next::GiveUp(sending) => {
-                this.timer.set(None);
-                *this.giving_up = Some(GivingUp { sending, result });
+                this.retry.failures().sending = Some(sending);
+                *this.result = Some(result);
                 State::GiveUp
             }
         };
@@ -1219,14 +1361,25 @@ impl Policy {
     {
         let spec = Spec::named(job, self);
         let mut retry = Retry::new(&spec);
-        loop {
-            let attempt = retry.next_attempt();
-            let round = retry
-                .attempt_guarded(f(attempt), crate::Transient::verdict)
-                .on_ok(|value: &T| on_ok(value).into());
-            if let ControlFlow::Break(done) = round.await {
-                return done;
-            }
+        // One loop per kind of round: a policy without a time limit has nothing of jobguard's
+        // that can fail an attempt, so its rounds hold nothing for it.
+        macro_rules! rounds {
+            ($attempt:ident $(, $breaker:expr)?) => {
+                loop {
+                    let attempt = retry.next_attempt();
+                    let round = retry
+                        .$attempt($($breaker,)? f(attempt), crate::Transient::verdict)
+                        .on_ok(|value: &T| on_ok(value).into());
+                    if let ControlFlow::Break(done) = round.await {
+                        return done;
+                    }
+                }
+            };
+        }
+        if spec.untimed {
+            rounds!(attempt)
+        } else {
+            rounds!(attempt_guarded, None)
         }
     }
 }
