@@ -18,10 +18,11 @@ pub async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError
         .attempts(5)
         .base(::core::time::Duration::from_millis(500))
         .cap(::core::time::Duration::from_secs(8));
-    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+    static __JOBGUARD_SPEC: ::jobguard::__private::Spec<'static> = ::jobguard::__private::Spec::of(
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__JOBGUARD_SPEC);
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
             .attempt(

@@ -15,15 +15,16 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
     const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new()
         .attempts(4)
         .timeout(::core::time::Duration::from_secs(2));
-    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+    let __jobguard_spec: ::jobguard::__private::Spec<'_> = ::jobguard::__private::Spec::of(
             &__JOBGUARD_JOB,
             &__JOBGUARD_POLICY,
         )
-        .breaker(&GATEWAY)
         .dead_letter(&DEAD_LETTERS);
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__jobguard_spec);
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
             .attempt_guarded(
+                ::core::option::Option::Some(&GATEWAY),
                 async {
                     #[allow(
                         unknown_lints,

@@ -25,11 +25,14 @@ async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
                 .base(::core::time::Duration::from_millis(500))
                 .cap(::core::time::Duration::from_secs(8))
                 .jitter(::jobguard::Jitter::None);
-            let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+            let __jobguard_spec: ::jobguard::__private::Spec<'_> = ::jobguard::__private::Spec::of(
                     &__JOBGUARD_JOB,
                     &__JOBGUARD_POLICY,
                 )
                 .key(&__jobguard_key);
+            let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+                &__jobguard_spec,
+            );
             loop {
                 if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
                     .attempt(

@@ -13,10 +13,11 @@ async fn fetch(url: &str) -> Result<Response, HttpError> {
         "http.fetch",
     );
     const __JOBGUARD_POLICY: ::jobguard::Policy = ::jobguard::Policy::new().attempts(3);
-    let mut __jobguard_retry = ::jobguard::__private::Retry::of(
+    static __JOBGUARD_SPEC: ::jobguard::__private::Spec<'static> = ::jobguard::__private::Spec::of(
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__JOBGUARD_SPEC);
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
             .attempt(
