@@ -430,7 +430,8 @@ impl<'a> Retry<'a> {
         self.number += 1;
         self.next_attempt_starts(None);
         #[cfg(feature = "tracing")]
-        self.span.record_attempt(self.spec.job, self.spec.key, self.number);
+        self.span
+            .record_attempt(self.spec.job, self.spec.key, self.number);
         if self.watch != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.spec.job,
@@ -979,7 +980,9 @@ where
             return self.drive(cx);
         }
         // The permit is kept in the guard at once: the outcome takes it back in this poll.
-        if G::GUARDED && let Some(breaker) = this.guard.breaker() {
+        if G::GUARDED
+            && let Some(breaker) = this.guard.breaker()
+        {
             match breaker.acquire() {
                 Ok(granted) => {
                     if let Some(slot) = this.guard.as_mut().permit() {
@@ -1124,7 +1127,10 @@ where
             // The attempt runs.
             let polled = {
                 #[cfg(feature = "tracing")]
-                let _entered = this.retry.span.enter(this.retry.spec.job, this.retry.spec.key);
+                let _entered = this
+                    .retry
+                    .span
+                    .enter(this.retry.spec.job, this.retry.spec.key);
                 let attempt = attempt.as_mut();
                 let number = this.retry.number;
                 let started = &mut Slow::of(&mut this.retry.slow).attempt_started;
