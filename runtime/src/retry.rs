@@ -975,23 +975,18 @@ where
     /// in `Round::drive`, out of line.
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.as_mut().project();
+        let this = self.as_mut().project();
         if *this.state != State::Admit || !this.retry.lean {
             return self.drive(cx);
         }
-        // The permit is kept in the guard at once: the outcome takes it back in this poll.
-        if G::GUARDED
-            && let Some(breaker) = this.guard.breaker()
-        {
-            match breaker.acquire() {
-                Ok(granted) => {
-                    if let Some(slot) = this.guard.as_mut().permit() {
-                        *slot = Some(granted);
-                    }
-                }
+        // The permit and the running attempt stay in registers until the outcome is known.
+        let permit = match this.guard.breaker() {
+            Some(breaker) if G::GUARDED => match breaker.acquire() {
+                Ok(granted) => Some(granted),
                 Err(retry_in) => return self.refused(cx, retry_in),
-            }
-        }
+            },
+            _ => None,
+        };
         let number = this.retry.number + 1;
         if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
             this.retry.count_attempt(number);
@@ -1010,15 +1005,13 @@ where
         };
         match (polled, classified) {
             (Poll::Ready(Ok(value)), Some(Verdict::Fail)) => {
-                if G::GUARDED
-                    && let Some(permit) = this.guard.permit().and_then(Option::take)
-                {
+                if let Some(permit) = permit {
                     permit.success();
                 }
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            (polled, classified) => self.went_on(cx, polled, classified, started),
+            (polled, classified) => self.went_on(cx, polled, classified, permit, started),
         }
     }
 }
@@ -1045,8 +1038,8 @@ where
     }
 
     /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
-    /// said of an `Ok`), or its attempt pending: the round goes on from it with the `started`
-    /// it learned (and the permit in its guard).
+    /// said of an `Ok`), or its attempt pending: the round goes on from it with the attempt's
+    /// `permit` and the `started` it learned.
     #[cold]
     #[inline(never)]
     fn went_on(
@@ -1054,11 +1047,15 @@ where
         cx: &mut Context<'_>,
         polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
+        permit: Option<Permit<'a>>,
         started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
         let (mut this, _) = self.as_mut().parts();
         this.retry.next_attempt_starts(started);
         *this.state = State::Run { cut: Origin::Body };
+        if let Some(slot) = this.guard.as_mut().permit() {
+            *slot = permit;
+        }
         match polled {
             // No timer was set (a lean call has no time limit): a pending attempt only waits.
             Poll::Pending => {
@@ -1508,8 +1505,9 @@ mod tests {
 
     /// One call driven the way `#[retry]` expands it, `attempt(n)` making attempt `n`; every
     /// error is retried.
-    async fn call<T, Fut>(
-        retry: &mut Retry<'_>,
+    async fn call<'a, T, Fut>(
+        retry: &mut Retry<'a>,
+        breaker: Option<&'a CircuitBreaker>,
         mut attempt: impl FnMut(u32) -> Fut,
     ) -> Result<T, Error>
     where
@@ -1517,7 +1515,7 @@ mod tests {
     {
         loop {
             let n = retry.next_attempt();
-            let round = retry.attempt_guarded(attempt(n), |_: &Error| Verdict::Retry);
+            let round = retry.attempt_guarded(breaker, attempt(n), |_: &Error| Verdict::Retry);
             if let ControlFlow::Break(done) = round.await {
                 return done;
             }
@@ -1551,7 +1549,7 @@ mod tests {
     async fn an_attempt_pending_at_its_first_poll_keeps_its_number() {
         let spec = Spec::named("job", &ZERO);
         let mut retry = Retry::new(&spec);
-        let got = call(&mut retry, |n| async move {
+        let got = call(&mut retry, None, |n| async move {
             let before = crate::attempt().map(|a| a.number);
             tokio::task::yield_now().await;
             let after = crate::attempt().map(|a| a.number);
@@ -1567,7 +1565,7 @@ mod tests {
         let spec = Spec::named("job", &ZERO);
         let mut retry = Retry::new(&spec);
         let mut seen = Vec::new();
-        let got = call(&mut retry, |n| {
+        let got = call(&mut retry, None, |n| {
             seen.push(crate::attempt().map(|a| a.number));
             async move {
                 match crate::attempt().map(|a| a.number) {
@@ -1587,12 +1585,10 @@ mod tests {
         let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
         breaker.acquire().unwrap().failure();
         let sink = crate::MemoryDeadLetters::new();
-        let spec = Spec::named("job", &ZERO)
-            .breaker(&breaker)
-            .dead_letter(&sink);
+        let spec = Spec::named("job", &ZERO).dead_letter(&sink);
         let mut retry = Retry::new(&spec);
         let mut made = 0;
-        let got: Result<(), Error> = call(&mut retry, |_| {
+        let got: Result<(), Error> = call(&mut retry, Some(&breaker), |_| {
             made += 1;
             async { Ok(()) }
         })
@@ -1613,16 +1609,17 @@ mod tests {
         let breaker = CircuitBreaker::new(1, Duration::from_secs(30));
         let once = ZERO.attempts(1);
         let sink = crate::MemoryDeadLetters::new();
-        let spec = Spec::named("job", &once).breaker(&breaker);
+        let spec = Spec::named("job", &once);
         let mut retry = Retry::new(&spec);
-        let ok = call(&mut retry, |_| async { Ok(7) }).await;
+        let ok = call(&mut retry, Some(&breaker), |_| async { Ok(7) }).await;
         assert_eq!(ok.unwrap(), 7);
         assert_eq!(breaker.state(), crate::BreakerState::Closed);
-        let spec = Spec::named("job", &once)
-            .breaker(&breaker)
-            .dead_letter(&sink);
+        let spec = Spec::named("job", &once).dead_letter(&sink);
         let mut retry = Retry::new(&spec);
-        let failed: Result<(), Error> = call(&mut retry, |_| async { Err(Error::Timeout) }).await;
+        let failed: Result<(), Error> = call(&mut retry, Some(&breaker), |_| async {
+            Err(Error::Timeout)
+        })
+        .await;
         assert!(matches!(failed, Err(Error::Timeout)));
         assert_eq!(breaker.state(), crate::BreakerState::Open);
         assert_eq!(sink.letters()[0].reason, GiveUp::Exhausted);
@@ -1635,7 +1632,7 @@ mod tests {
         let got: Result<u32, Error> = loop {
             let n = retry.next_attempt();
             let round = retry
-                .attempt_guarded(async move { Ok(n) }, |_: &Error| Verdict::Retry)
+                .attempt_guarded(None, async move { Ok(n) }, |_: &Error| Verdict::Retry)
                 .on_ok(|n: &u32| {
                     if *n < 2 {
                         Verdict::Retry
