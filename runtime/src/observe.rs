@@ -12,20 +12,23 @@ static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 
 /// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Watch {
     /// Nothing: no observer was ever built, the `metrics` integration is not compiled in, and
     /// no `tracing` subscriber wants anything (or that integration is not compiled in either).
     /// The call builds no event.
-    Nobody,
+    Nobody = 0,
     /// The `metrics` integration only: no observer was ever built, and no `tracing` subscriber
     /// wants anything when the call starts (or that integration is not compiled in). A call
     /// that succeeds at once counts its attempt into the recorder and raises nothing else (the
     /// success is no metric); its other events go to the integrations as they happen.
-    Metrics,
+    Metrics = 2,
     /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
-    Integrations,
-    /// A runtime with an observer exists: events go through the runtime in scope.
-    Observers,
+    Integrations = 3,
+    /// A runtime with an observer exists: events go through the runtime in scope. (`1`, the
+    /// value of the flag that says so: a build without the integrations stores the flag as it
+    /// reads it.)
+    Observers = 1,
 }
 
 /// Who sees the events of a call starting now.

@@ -862,15 +862,13 @@ pin_project_lite::pin_project! {
     ///
     /// The attempt is pinned beside the [`State`] and the round's [`Guard`]; the delay's timer
     /// and the dead letter on its way are the call's (in its failure state), and the result a
-    /// give-up returns is kept here until the letter is on its way.
+    /// give-up returns is kept in the state until the letter is on its way.
     #[must_use = "a round does nothing unless awaited"]
     pub struct Round<'r, 'a, T, E, F, C, K, G> {
         retry: &'r mut Retry<'a>,
         on_err: Option<C>,
         on_ok: Option<K>,
-        state: State,
-        // While giving up: the result to return once the dead letter is on its way.
-        result: Option<Result<T, E>>,
+        state: State<T, E>,
         #[pin]
         attempt: F,
         #[pin]
@@ -883,14 +881,12 @@ struct Parts<'p, 'r, 'a, T, E, C, K, G> {
     retry: &'p mut &'r mut Retry<'a>,
     on_err: &'p mut Option<C>,
     on_ok: &'p mut Option<K>,
-    state: &'p mut State,
-    result: &'p mut Option<Result<T, E>>,
+    state: &'p mut State<T, E>,
     guard: Pin<&'p mut G>,
 }
 
 /// Where a [`Round`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum State<T, E> {
     /// Not polled yet: the breaker is asked and the attempt counted at the first poll.
     Admit,
     /// The attempt runs; the time limit, when set, cuts it for the reason `cut` gives (its
@@ -899,8 +895,8 @@ enum State {
     /// The attempt failed; the next one starts when the call's delay timer fires (`timed`), or
     /// at once (a zero delay needs no timer).
     Sleep { timed: bool },
-    /// The call gave up: the dead letter is being sent, and the result is returned after it.
-    GiveUp,
+    /// The call gave up: the dead letter is being sent, and this result is returned after it.
+    GiveUp(Result<T, E>),
     /// The round resolved.
     Done,
 }
@@ -913,7 +909,6 @@ impl<'r, 'a, T, E, F, C, K, G> Round<'r, 'a, T, E, F, C, K, G> {
             on_err: Some(on_err),
             on_ok: None,
             state: State::Admit,
-            result: None,
             attempt,
             guard,
         }
@@ -934,7 +929,6 @@ impl<'r, 'a, T, E, F, C, K, G> Round<'r, 'a, T, E, F, C, K, G> {
             on_err: self.on_err,
             on_ok: Some(on_ok),
             state: self.state,
-            result: self.result,
             attempt: self.attempt,
             guard: self.guard,
         }
@@ -949,7 +943,6 @@ impl<'r, 'a, T, E, F, C, K, G> Round<'r, 'a, T, E, F, C, K, G> {
             on_err: this.on_err,
             on_ok: this.on_ok,
             state: this.state,
-            result: this.result,
             guard: this.guard,
         };
         (parts, this.attempt)
@@ -976,7 +969,7 @@ where
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.as_mut().project();
-        if *this.state != State::Admit || !this.retry.lean {
+        if !matches!(this.state, State::Admit) || !this.retry.lean {
             return self.drive(cx);
         }
         // The permit and the running attempt stay in registers until the outcome is known.
@@ -1080,8 +1073,8 @@ where
         loop {
             // Every state but a running attempt is handled here; admitting an attempt goes
             // straight on to its first poll below, without another turn of the loop.
-            let cut = match *this.state {
-                State::Run { cut } => cut,
+            let cut = match this.state {
+                State::Run { cut } => *cut,
                 State::Admit => match this
                     .retry
                     .admit(this.guard.breaker(), this.guard.as_mut().limit().is_some())
@@ -1103,20 +1096,19 @@ where
                     }
                 },
                 State::Sleep { timed } => {
-                    if timed && let Some(delay) = this.retry.delay() {
+                    if *timed && let Some(delay) = this.retry.delay() {
                         ready!(delay.poll(cx));
                     }
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
                 }
-                State::GiveUp => {
+                State::GiveUp(_) => {
                     if let Some(sending) = this.retry.sending() {
                         ready!(sending.poll(cx));
                     }
-                    *this.state = State::Done;
-                    match this.result.take() {
-                        Some(result) => return Poll::Ready(ControlFlow::Break(result)),
-                        None => unreachable!("a give-up holds its result"),
+                    match core::mem::replace(this.state, State::Done) {
+                        State::GiveUp(result) => return Poll::Ready(ControlFlow::Break(result)),
+                        _ => unreachable!("a give-up holds its result"),
                     }
                 }
                 State::Done => panic!("a retry round polled after it resolved"),
@@ -1236,8 +1228,7 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
             }
             Next::GiveUp(sending) => {
                 this.retry.failures().sending = Some(sending);
-                *this.result = Some(result);
-                State::GiveUp
+                State::GiveUp(result)
             }
         };
     }
