@@ -1,11 +1,15 @@
 //! The retry engine: one attempt at a time, classified, delayed, given up on.
 //!
-//! [`Retry`] is what one call of a job keeps from one attempt to the next (the attempt count,
-//! what a dead letter will need). [`Round`] is one turn of the loop: a future that admits an
-//! attempt (with the breaker's permit for it), runs it, and then sleeps before the next one or
-//! gives up.
-//! `#[retry]` expands to a `loop` over [`Retry::attempt`] and [`Policy::run`] is the same loop
-//! for closures; both drive [`Round`].
+//! [`Spec`] is what every call of one job reads (its name, policy, key, sink and payload; a
+//! `static` per `#[retry]` function when nothing in it is made per call). [`Retry`] is what one
+//! call keeps from one attempt to the next (the attempt count, what a dead letter will need).
+//! [`Round`] is one turn of the loop: a future that admits an attempt, runs it, and then sleeps
+//! before the next one or gives up. What a round holds for the runtime's own checks is its
+//! [`Guard`], a type: nothing ([`Unguarded`]), the breaker and its permit ([`Permitted`]), or
+//! those and the attempt's time limit ([`Guarded`]), so that a round with none of them has no
+//! code or state for them.
+//! `#[retry]` expands to a `loop` over [`Retry::attempt`] (or its guarded forms) and
+//! [`Policy::run`] is the same loop for closures; both drive [`Round`].
 //!
 //! The loop stays in the caller because the body of each attempt borrows the caller's
 //! parameters (or the closure of [`Policy::run`]): a future that owned the loop would have to
@@ -20,7 +24,9 @@
 //! call starts), the first poll of a [`Round`] asks the breaker if there is one, polls the
 //! attempt with its number in scope and returns an accepted `Ok` inline. Anything else (a
 //! pending or failed attempt, a retried `Ok`, a refusal, a call that is not lean, every later
-//! poll) goes on in the same state machine, out of line.
+//! poll) goes on in the same state machine, out of line. What only a failed round needs (the
+//! delay's timer, the dead letter on its way) is in the call's failure state, allocated at the
+//! first failure.
 
 use crate::attempt::{self, Delivery};
 use crate::bounds::{Describe, FromJobguard};
