@@ -99,3 +99,48 @@ async fn the_delivery_in_scope_is_carried() {
 fn outside_a_guarded_call_there_is_no_attempt() {
     assert!(jobguard::attempt().is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_start_read_before_a_pending_poll_is_the_same_after_it() {
+    let policy = Policy::new().attempts(1);
+    let (before, after) = policy
+        .run("attempt", async |_| {
+            let before = jobguard::attempt().expect("inside").started;
+            // Later in the same poll (so a start taken when the poll ends would differ), then a
+            // poll that is pending.
+            tokio::time::advance(Duration::from_secs(1)).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let after = jobguard::attempt().expect("inside").started;
+            Ok::<_, io::Error>((before, after))
+        })
+        .await
+        .unwrap();
+    assert_eq!(before, after);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_call_s_start_is_its_own_and_the_outer_one_is_kept() {
+    let policy = Policy::new().attempts(1);
+    let begin = tokio::time::Instant::now();
+    let (outer_before, inner, outer_after) = policy
+        .run("outer", async |_| {
+            let outer_before = jobguard::attempt().expect("outer").started;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let inner = policy
+                .run("inner", async |_| {
+                    let before = jobguard::attempt().expect("inner").started;
+                    tokio::time::advance(Duration::from_millis(500)).await;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    assert_eq!(jobguard::attempt().expect("inner").started, before);
+                    Ok::<_, io::Error>(before)
+                })
+                .await?;
+            let outer_after = jobguard::attempt().expect("outer").started;
+            Ok::<_, io::Error>((outer_before, inner, outer_after))
+        })
+        .await
+        .unwrap();
+    assert_eq!(outer_before, begin);
+    assert_eq!(inner - begin, Duration::from_secs(1));
+    assert_eq!(outer_after, outer_before);
+}

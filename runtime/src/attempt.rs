@@ -313,6 +313,55 @@ pub(crate) fn poll_in<R>(
     polled
 }
 
+/// What an attempt's first poll learned of the attempt's start ([`poll_first`]), read with
+/// [`Learned::started`] only if the attempt goes on.
+#[derive(Clone, Copy)]
+pub(crate) enum Learned {
+    /// The word the attempt left: its start is in the start cell when it has the start flag.
+    Word(u64),
+    /// The start itself, from a poll that shared the start cell with the attempt outside.
+    Start(Option<Instant>),
+}
+
+impl Learned {
+    /// The attempt's start, if it asked for it during the poll. Read before another attempt is
+    /// polled on this thread: the start cell is shared.
+    #[inline]
+    pub(crate) fn started(self) -> Option<Instant> {
+        match self {
+            Learned::Word(word) if word & HAS_START != 0 => STARTED.get(),
+            Learned::Word(_) => None,
+            Learned::Start(started) => started,
+        }
+    }
+}
+
+/// [`poll_in`] for an attempt's first poll, which knows no start yet: what the attempt learned
+/// of its start is returned, for the caller to read only if the attempt goes on (an attempt that
+/// finishes in its first poll needs it no more). One thread-local word in and out, one sign test.
+#[inline(always)]
+pub(crate) fn poll_first<R>(number: u32, poll: impl FnOnce() -> R) -> (R, Learned) {
+    /// Puts the attempt outside back, also when the body panics.
+    struct Restore(u64);
+    impl Drop for Restore {
+        #[inline(always)]
+        fn drop(&mut self) {
+            CURRENT.set(self.0);
+        }
+    }
+    let outer = CURRENT.replace(u64::from(number));
+    if outer & HAS_START != 0 {
+        let mut started = None;
+        let polled = poll_in_sharing(outer, &mut started, poll);
+        return (polled, Learned::Start(started));
+    }
+    let restore = Restore(outer);
+    let polled = poll();
+    let inner = CURRENT.get();
+    drop(restore);
+    (polled, Learned::Word(inner))
+}
+
 /// [`poll_in`] when the start cell is in use, by this attempt or by the one outside (`outer`):
 /// it is saved and put back around the poll. `CURRENT` holds this attempt's word already.
 #[cold]

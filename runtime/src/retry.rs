@@ -990,9 +990,8 @@ where
         if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
             this.retry.count_attempt(number);
         }
-        let mut started = None;
         let attempt = this.attempt;
-        let polled = attempt::poll_in(number, &mut started, || attempt.poll(cx));
+        let (polled, learned) = attempt::poll_first(number, || attempt.poll(cx));
         this.retry.number = number;
         let classified = match &polled {
             Poll::Ready(Ok(_)) if K::ACCEPTS_ALL => Some(Verdict::Fail),
@@ -1010,7 +1009,8 @@ where
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            (polled, classified) => self.went_on(cx, polled, classified, permit, started),
+            // What the attempt learned of its start is read before anything else polls.
+            (polled, classified) => self.went_on(cx, polled, classified, permit, learned.started()),
         }
     }
 }
