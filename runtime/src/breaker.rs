@@ -439,10 +439,41 @@ impl CircuitBreaker {
             return Ok(Permit {
                 breaker: self,
                 epoch: epoch_of(word),
-                probe: false,
+                probe: NOT_PROBE,
             });
         }
         self.acquire_slow(word)
+    }
+
+    /// [`acquire`](Self::acquire) for the retry engine's inline path: a permit of the closed
+    /// state is only its epoch (it has nothing to release, so nothing is lost if the attempt
+    /// panics), which stays in a register until the outcome is known; a probe is the permit.
+    #[inline]
+    pub(crate) fn admit(&self) -> Admission<'_> {
+        let word = self.word.load(Ordering::Acquire);
+        if word & STATE == CLOSED {
+            return Admission::Closed(epoch_of(word));
+        }
+        match self.acquire_slow(word) {
+            Ok(permit) => Admission::Permit(permit),
+            Err(retry_in) => Admission::Refused(retry_in),
+        }
+    }
+
+    /// The permit of the closed state in `epoch`, from [`admit`](Self::admit).
+    #[inline]
+    pub(crate) fn closed_permit(&self, epoch: u32) -> Permit<'_> {
+        Permit {
+            breaker: self,
+            epoch,
+            probe: NOT_PROBE,
+        }
+    }
+
+    /// [`Permit::success`] of the closed state's permit in `epoch`.
+    #[inline]
+    pub(crate) fn closed_succeeded(&self, epoch: u32) {
+        self.closed_success(epoch);
     }
 
     #[cold]
@@ -453,7 +484,7 @@ impl CircuitBreaker {
                     return Ok(Permit {
                         breaker: self,
                         epoch: epoch_of(word),
-                        probe: false,
+                        probe: NOT_PROBE,
                     });
                 }
                 OPEN => {
@@ -478,7 +509,7 @@ impl CircuitBreaker {
                     return Ok(Permit {
                         breaker: self,
                         epoch: epoch_of(next),
-                        probe: true,
+                        probe: PROBE_PERMIT,
                     });
                 }
                 Err(now) => word = now,
@@ -652,20 +683,50 @@ const fn clamp(n: u32, lo: u32, hi: u32) -> u32 {
 pub struct Permit<'a> {
     breaker: &'a CircuitBreaker,
     epoch: u32,
-    probe: bool,
+    /// [`PROBE_PERMIT`] for a half-open probe, else [`NOT_PROBE`]: a word, not a `bool`, so
+    /// that a permit has no padding and moves as two words (with a `bool` and three bytes of
+    /// padding, an `Option<Permit>` was copied a byte at a time on the retry success path).
+    probe: u32,
+}
+
+/// A permit's `probe` word for a half-open probe.
+const PROBE_PERMIT: u32 = 1;
+/// A permit's `probe` word for a call admitted while closed.
+const NOT_PROBE: u32 = 0;
+
+/// What [`CircuitBreaker::admit`] says.
+pub(crate) enum Admission<'a> {
+    /// Closed, in this epoch.
+    Closed(u32),
+    /// Admitted with this permit (a probe, or closed after a race).
+    Permit(Permit<'a>),
+    /// Open for this much longer.
+    Refused(Duration),
 }
 
 impl Permit<'_> {
     /// Whether this call is a half-open probe: its outcome closes or re-opens the breaker.
     pub fn is_probe(&self) -> bool {
-        self.probe
+        self.probe == PROBE_PERMIT
+    }
+
+    /// A permit of the closed state as its epoch (see [`CircuitBreaker::closed_permit`]), or a
+    /// probe's permit as it is.
+    pub(crate) fn into_closed(self) -> Result<u32, Self> {
+        if self.is_probe() {
+            return Err(self);
+        }
+        let epoch = self.epoch;
+        // A closed state's permit releases nothing when dropped.
+        core::mem::forget(self);
+        Ok(epoch)
     }
 
     /// The call succeeded. A probe closes the breaker; otherwise the failure count is reset (or a
     /// success enters the window).
     #[inline]
     pub fn success(self) {
-        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.probe);
+        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.is_probe());
         core::mem::forget(self);
         if probe {
             breaker.settle_probe(epoch, CLOSED);
@@ -677,7 +738,7 @@ impl Permit<'_> {
     /// The call failed transiently. A probe re-opens the breaker for a fresh cooldown; otherwise
     /// the failure counts and may open it.
     pub fn failure(self) {
-        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.probe);
+        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.is_probe());
         core::mem::forget(self);
         if probe {
             breaker.settle_probe(epoch, OPEN);
@@ -689,7 +750,7 @@ impl Permit<'_> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if self.probe {
+        if self.is_probe() {
             self.breaker.release_probe(self.epoch);
         }
     }

@@ -30,7 +30,7 @@
 
 use crate::attempt::{self, Delivery};
 use crate::bounds::{Describe, FromJobguard};
-use crate::breaker::{CircuitBreaker, Permit};
+use crate::breaker::{Admission, CircuitBreaker, Permit};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
 use crate::observe::{Event, Job, Watch};
 use crate::runtime::Current;
@@ -258,6 +258,9 @@ struct Failures<'a> {
     delay: Option<Pin<Box<Sleep>>>,
     /// The dead letter on its way to the sink, while a round gives up.
     sending: Option<Sending<'a>>,
+    /// A half-open probe's permit while its attempt runs (a round keeps a closed breaker's
+    /// permit as its epoch, with nothing to drop).
+    probe: Option<Permit<'a>>,
 }
 
 impl<'a> Retry<'a> {
@@ -371,6 +374,7 @@ impl<'a> Retry<'a> {
                 runtime: None,
                 delay: None,
                 sending: None,
+                probe: None,
             })
         })
     }
@@ -423,11 +427,19 @@ impl<'a> Retry<'a> {
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
     /// it runs under.
     #[inline(always)]
-    fn admit(&mut self, breaker: Option<&'a CircuitBreaker>, timed: bool) -> Admitted<'a> {
-        // A call that is not lean fixes the installed runtime at its first admission.
+    fn admit(
+        &mut self,
+        breaker: Option<&'a CircuitBreaker>,
+        granted: Option<Permit<'a>>,
+        timed: bool,
+    ) -> Admitted<'a> {
+        // A call that is not lean fixes the installed runtime at its first admission. A permit
+        // the inline path was granted (a probe) is the attempt's.
         self.slow();
-        let mut permit = None;
-        if let Some(breaker) = breaker {
+        let mut permit = granted;
+        if permit.is_none()
+            && let Some(breaker) = breaker
+        {
             match breaker.acquire() {
                 Ok(granted) => permit = Some(granted),
                 Err(retry_in) => return Admitted::Refused(retry_in),
@@ -748,8 +760,11 @@ pub trait Guard<'a, E> {
     /// The breaker the attempt asks first, if any.
     fn breaker(&self) -> Option<&'a CircuitBreaker>;
 
-    /// Where the attempt's permit is kept, for a round that asks the breaker.
-    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>>;
+    /// Where the epoch of the attempt's permit is kept while it runs, for a round that asks the
+    /// breaker, when the permit is the closed state's (it has nothing to release if dropped, so
+    /// the round's guard has no drop glue). A probe's permit is kept in the call's failure
+    /// state instead.
+    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>>;
 
     /// The attempt's time limit, for a round that can be cut.
     fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>>;
@@ -773,7 +788,7 @@ impl<'a, E> Guard<'a, E> for Unguarded {
     }
 
     #[inline(always)]
-    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
+    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
         None
     }
 
@@ -787,7 +802,7 @@ impl<'a, E> Guard<'a, E> for Unguarded {
 /// permit for the attempt while it runs.
 pub struct Permitted<'a, E> {
     breaker: Option<&'a CircuitBreaker>,
-    permit: Option<Permit<'a>>,
+    closed: Option<u32>,
     lift: PhantomData<fn(Error) -> E>,
 }
 
@@ -796,7 +811,7 @@ impl<'a, E> Permitted<'a, E> {
     fn new(breaker: Option<&'a CircuitBreaker>) -> Self {
         Permitted {
             breaker,
-            permit: None,
+            closed: None,
             lift: PhantomData,
         }
     }
@@ -816,8 +831,8 @@ impl<'a, E: FromJobguard> Guard<'a, E> for Permitted<'a, E> {
     }
 
     #[inline]
-    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
-        Some(&mut self.get_mut().permit)
+    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
+        Some(&mut self.get_mut().closed)
     }
 
     #[inline(always)]
@@ -851,8 +866,8 @@ impl<'a, E: FromJobguard> Guard<'a, E> for Guarded<'a, E> {
     }
 
     #[inline]
-    fn permit(self: Pin<&mut Self>) -> Option<&mut Option<Permit<'a>>> {
-        Some(&mut self.project().permitted.permit)
+    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
+        Some(&mut self.project().permitted.closed)
     }
 
     #[inline]
@@ -978,14 +993,19 @@ where
         if !matches!(this.state, State::Admit) || !this.retry.lean {
             return self.drive(cx);
         }
-        // The permit and the running attempt stay in registers until the outcome is known.
-        let permit = match this.guard.breaker() {
-            Some(breaker) if G::GUARDED => match breaker.acquire() {
-                Ok(granted) => Some(granted),
-                Err(retry_in) => return self.refused(cx, retry_in),
-            },
-            _ => None,
-        };
+        // A closed breaker's permit is its epoch, kept in a register until the outcome is known.
+        // A probe (or a permit won after a race) is kept in the guard, and the round goes on
+        // out of line, admitting its attempt with it.
+        let mut closed = None;
+        if G::GUARDED
+            && let Some(breaker) = this.guard.breaker()
+        {
+            match breaker.admit() {
+                Admission::Closed(epoch) => closed = Some(epoch),
+                Admission::Permit(permit) => return self.admitted(cx, permit),
+                Admission::Refused(retry_in) => return self.refused(cx, retry_in),
+            }
+        }
         let number = this.retry.number + 1;
         if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
             this.retry.count_attempt(number);
@@ -1003,14 +1023,14 @@ where
         };
         match (polled, classified) {
             (Poll::Ready(Ok(value)), Some(Verdict::Fail)) => {
-                if let Some(permit) = permit {
-                    permit.success();
+                if let (Some(epoch), Some(breaker)) = (closed, this.guard.breaker()) {
+                    breaker.closed_succeeded(epoch);
                 }
                 *this.state = State::Done;
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
             // What the attempt learned of its start is read before anything else polls.
-            (polled, classified) => self.went_on(cx, polled, classified, permit, learned.started()),
+            (polled, classified) => self.went_on(cx, polled, classified, closed, learned.started()),
         }
     }
 }
@@ -1036,9 +1056,22 @@ where
         self.drive(cx)
     }
 
+    /// The inline path's permit when it is not the closed state's: the round's attempt is
+    /// admitted with it, out of line.
+    #[cold]
+    #[inline(never)]
+    fn admitted(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        permit: Permit<'a>,
+    ) -> Poll<ControlFlow<Result<T, E>>> {
+        Self::keep_permit(&mut self.as_mut().parts().0, Some(permit));
+        self.drive(cx)
+    }
+
     /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
-    /// said of an `Ok`), or its attempt pending: the round goes on from it with the attempt's
-    /// `permit` and the `started` it learned.
+    /// said of an `Ok`), or its attempt pending: the round goes on from it with the permit of
+    /// the closed breaker's epoch `closed` and the `started` it learned.
     #[cold]
     #[inline(never)]
     fn went_on(
@@ -1046,14 +1079,14 @@ where
         cx: &mut Context<'_>,
         polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
-        permit: Option<Permit<'a>>,
+        closed: Option<u32>,
         started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
         let (mut this, _) = self.as_mut().parts();
         this.retry.next_attempt_starts(started);
         *this.state = State::Run { cut: Origin::Body };
-        if let Some(slot) = this.guard.as_mut().permit() {
-            *slot = permit;
+        if let Some(slot) = this.guard.as_mut().closed() {
+            *slot = closed;
         }
         match polled {
             // No timer was set (a lean call has no time limit): a pending attempt only waits.
@@ -1081,15 +1114,14 @@ where
             // straight on to its first poll below, without another turn of the loop.
             let cut = match this.state {
                 State::Run { cut } => *cut,
-                State::Admit => match this
-                    .retry
-                    .admit(this.guard.breaker(), this.guard.as_mut().limit().is_some())
-                {
+                State::Admit => match {
+                    let granted = Self::take_permit(&mut this);
+                    let timed = this.guard.as_mut().limit().is_some();
+                    this.retry.admit(this.guard.breaker(), granted, timed)
+                } {
                     Admitted::Run { permit, limit } => {
                         let cut = limit.map_or(Origin::Body, |(_, cut)| cut);
-                        if let Some(slot) = this.guard.as_mut().permit() {
-                            *slot = permit;
-                        }
+                        Self::keep_permit(&mut this, permit);
                         if let Some(mut timer) = this.guard.as_mut().limit() {
                             timer.set(limit.map(|(at, _)| tokio::time::sleep_until(at)));
                         }
@@ -1200,7 +1232,7 @@ where
             (Err(_), Origin::Timeout, None) => Verdict::Retry,
             (Err(_), _, None) => Verdict::Fail,
         };
-        let permit = this.guard.as_mut().permit().and_then(Option::take);
+        let permit = Self::take_permit(this);
         let next = match &result {
             Ok(_) if verdict == Verdict::Fail => {
                 this.retry.succeeded(permit);
@@ -1216,6 +1248,29 @@ where
 }
 
 impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
+    /// Keeps the running attempt's permit: a closed breaker's as its epoch in the guard, a
+    /// probe's in the call's failure state.
+    fn keep_permit(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>, permit: Option<Permit<'a>>) {
+        match permit.map(Permit::into_closed) {
+            None => {}
+            Some(Ok(epoch)) => {
+                if let Some(slot) = this.guard.as_mut().closed() {
+                    *slot = Some(epoch);
+                }
+            }
+            Some(Err(probe)) => this.retry.failures().probe = Some(probe),
+        }
+    }
+
+    /// Takes back the running attempt's permit, kept by [`Round::keep_permit`].
+    fn take_permit(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>) -> Option<Permit<'a>> {
+        let breaker = this.guard.breaker()?;
+        match this.guard.as_mut().closed().and_then(Option::take) {
+            Some(epoch) => Some(breaker.closed_permit(epoch)),
+            None => this.retry.failures.as_mut()?.probe.take(),
+        }
+    }
+
     /// The state after a failed outcome: asleep before the next attempt, or giving up. The
     /// attempt's time limit is dropped either way. The failed attempt's result is dropped when
     /// the loop goes on, and kept to be returned when it gives up.
