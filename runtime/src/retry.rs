@@ -1114,11 +1114,7 @@ where
             // straight on to its first poll below, without another turn of the loop.
             let cut = match this.state {
                 State::Run { cut } => *cut,
-                State::Admit => match {
-                    let granted = Self::take_permit(&mut this);
-                    let timed = this.guard.as_mut().limit().is_some();
-                    this.retry.admit(this.guard.breaker(), granted, timed)
-                } {
+                State::Admit => match Self::admit(&mut this) {
                     Admitted::Run { permit, limit } => {
                         let cut = limit.map_or(Origin::Body, |(_, cut)| cut);
                         Self::keep_permit(&mut this, permit);
@@ -1260,6 +1256,14 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
             }
             Some(Err(probe)) => this.retry.failures().probe = Some(probe),
         }
+    }
+
+    /// Admits the round's attempt (see [`Retry::admit`]) under its guard's breaker and time
+    /// limit, with the permit the inline path was granted, if any.
+    fn admit(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>) -> Admitted<'a> {
+        let granted = Self::take_permit(this);
+        let timed = this.guard.as_mut().limit().is_some();
+        this.retry.admit(this.guard.breaker(), granted, timed)
     }
 
     /// Takes back the running attempt's permit, kept by [`Round::keep_permit`].
