@@ -397,11 +397,10 @@ fn retry_loop(
     } else {
         quote!(__JOBGUARD_SPEC)
     };
-    // The breaker is each round's, so that the success path asks it at an address it knows: a
-    // path (a `static`, as usual) is named in each round, any other expression is evaluated once
-    // per call, before the first.
+    // The breaker is evaluated once per call (a `const` would otherwise be a new breaker in each
+    // round) and handed to each round, so that the success path asks it at an address it holds
+    // in a register.
     let (breaker_once, breaker) = match &r.breaker {
-        Some(b @ Expr::Path(_)) => (None, Some(quote!(&#b))),
         Some(b) => (
             Some(quote!(let __jobguard_breaker: &#krate::CircuitBreaker = &#b;)),
             Some(quote!(__jobguard_breaker)),
