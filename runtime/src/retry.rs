@@ -751,52 +751,42 @@ impl Display for OkRetried {
 pub trait Guard<'a, E> {
     /// Whether rounds of this kind can have a breaker: known at compile time, so that an
     /// unguarded round's success path has no code for it.
-    const GUARDED: bool;
+    const GUARDED: bool = false;
 
     /// The runtime's own failure (a cut attempt, an open breaker) as the job's error; `None` for
     /// a round that has none.
-    fn lift(error: Error) -> Option<E>;
+    #[inline(always)]
+    fn lift(_error: Error) -> Option<E> {
+        None
+    }
 
     /// The breaker the attempt asks first, if any.
-    fn breaker(&self) -> Option<&'a CircuitBreaker>;
+    #[inline(always)]
+    fn breaker(&self) -> Option<&'a CircuitBreaker> {
+        None
+    }
 
     /// Where the epoch of the attempt's permit is kept while it runs, for a round that asks the
     /// breaker, when the permit is the closed state's (it has nothing to release if dropped, so
     /// the round's guard has no drop glue). A probe's permit is kept in the call's failure
     /// state instead.
-    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>>;
+    #[inline(always)]
+    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
+        None
+    }
 
     /// The attempt's time limit, for a round that can be cut.
-    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>>;
+    #[inline(always)]
+    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
+        None
+    }
 }
 
 /// The [`Guard`] of a round with no breaker, timeout or budget: nothing.
 #[derive(Debug, Clone, Copy)]
 pub struct Unguarded;
 
-impl<'a, E> Guard<'a, E> for Unguarded {
-    const GUARDED: bool = false;
-
-    #[inline(always)]
-    fn lift(_: Error) -> Option<E> {
-        None
-    }
-
-    #[inline(always)]
-    fn breaker(&self) -> Option<&'a CircuitBreaker> {
-        None
-    }
-
-    #[inline(always)]
-    fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
-        None
-    }
-
-    #[inline(always)]
-    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
-        None
-    }
-}
+impl<E> Guard<'_, E> for Unguarded {}
 
 /// The [`Guard`] of a round under a breaker, with no timeout or budget: the breaker, and its
 /// permit for the attempt while it runs.
@@ -834,17 +824,12 @@ impl<'a, E: FromJobguard> Guard<'a, E> for Permitted<'a, E> {
     fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
         Some(&mut self.get_mut().closed)
     }
-
-    #[inline(always)]
-    fn limit(self: Pin<&mut Self>) -> Option<Pin<&mut Option<Sleep>>> {
-        None
-    }
 }
 
 pin_project_lite::pin_project! {
     /// The [`Guard`] of a round under the per-attempt timeout or the budget (and the breaker,
-    /// when there is one): the breaker and its permit for the attempt, and the attempt's time
-    /// limit, while it runs.
+    /// when there is one): what [`Permitted`] holds, and the attempt's time limit, while it
+    /// runs.
     pub struct Guarded<'a, E> {
         permitted: Permitted<'a, E>,
         #[pin]
@@ -852,22 +837,23 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// Everything but the time limit is the [`Permitted`] part's.
 impl<'a, E: FromJobguard> Guard<'a, E> for Guarded<'a, E> {
     const GUARDED: bool = true;
 
     #[inline]
     fn lift(error: Error) -> Option<E> {
-        Some(E::from(error))
+        <Permitted<'a, E> as Guard<'a, E>>::lift(error)
     }
 
     #[inline(always)]
     fn breaker(&self) -> Option<&'a CircuitBreaker> {
-        self.permitted.breaker
+        self.permitted.breaker()
     }
 
     #[inline]
     fn closed(self: Pin<&mut Self>) -> Option<&mut Option<u32>> {
-        Some(&mut self.project().permitted.closed)
+        Pin::new(self.project().permitted).closed()
     }
 
     #[inline]
