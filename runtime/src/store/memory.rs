@@ -1033,54 +1033,31 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         k0 ^ 0x6c79_6765_6e65_7261,
         k1 ^ 0x7465_6462_7974_6573,
     ];
-    let [a, b] = parts;
-    let len = a.len() + b.len();
-    let mut tail = 0u64;
-    if len < 64 {
-        // Short (the usual case): both parts in one zero-padded buffer, read a word at a time.
-        let mut buf = [0u8; 64];
-        buf[..a.len()].copy_from_slice(a);
-        buf[a.len()..len].copy_from_slice(b);
-        let (words, rest) = buf.split_at(len / 8 * 8);
-        for word in words.chunks_exact(8) {
-            compress::<C>(
-                &mut v,
-                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-            );
+    let len = parts[0].len() + parts[1].len();
+    // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`. Words
+    // are read straight from the parts (never through a buffer just written, whose bytes the
+    // processor would have to forward to a wider load).
+    let (mut tail, mut ntail) = (0u64, 0usize);
+    for part in parts {
+        let mut bytes = part;
+        if ntail > 0 {
+            let take = (8 - ntail).min(bytes.len());
+            let (head, rest) = bytes.split_at(take);
+            tail |= le_word(head) << (8 * ntail);
+            ntail += take;
+            bytes = rest;
+            if ntail < 8 {
+                continue;
+            }
+            compress::<C>(&mut v, tail);
+            (tail, ntail) = (0, 0);
         }
-        tail = u64::from_le_bytes(rest[..8].try_into().unwrap_or([0; 8]));
-    } else {
-        // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`.
-        let mut ntail = 0usize;
-        for part in parts {
-            let mut bytes = part;
-            if ntail > 0 {
-                while ntail < 8 {
-                    let Some((&byte, rest)) = bytes.split_first() else {
-                        break;
-                    };
-                    tail |= u64::from(byte) << (8 * ntail);
-                    ntail += 1;
-                    bytes = rest;
-                }
-                if ntail < 8 {
-                    continue;
-                }
-                compress::<C>(&mut v, tail);
-                tail = 0;
-            }
-            let mut words = bytes.chunks_exact(8);
-            for word in &mut words {
-                compress::<C>(
-                    &mut v,
-                    u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-                );
-            }
-            for (i, &byte) in words.remainder().iter().enumerate() {
-                tail |= u64::from(byte) << (8 * i);
-            }
-            ntail = words.remainder().len();
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            compress::<C>(&mut v, le_word(word));
         }
+        tail = le_word(words.remainder());
+        ntail = words.remainder().len();
     }
     compress::<C>(&mut v, tail | ((len as u64) << 56));
     v[2] ^= 0xff;
@@ -1088,6 +1065,29 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         round(&mut v);
     }
     v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
+/// Up to 8 bytes as a little-endian word, the missing high bytes zero.
+#[inline(always)]
+fn le_word(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    let u32_at = |i: usize| {
+        u64::from(u32::from_le_bytes(
+            bytes[i..i + 4].try_into().unwrap_or([0; 4]),
+        ))
+    };
+    match n {
+        8.. => u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])),
+        // Two 4-byte loads that overlap on the same bytes.
+        4..=7 => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
+        // The first, the middle and the last byte cover one to three bytes.
+        1..=3 => {
+            u64::from(bytes[0])
+                | (u64::from(bytes[n / 2]) << (8 * (n / 2)))
+                | (u64::from(bytes[n - 1]) << (8 * (n - 1)))
+        }
+        0 => 0,
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -1248,7 +1248,12 @@ impl Inner {
     }
 
     fn now(&self) -> u64 {
-        nanos(Instant::now().saturating_duration_since(self.epoch))
+        let since = Instant::now().saturating_duration_since(self.epoch);
+        // `nanos` without its 128-bit product: a u64 of nanoseconds lasts 584 years.
+        since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()))
     }
 
     /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
