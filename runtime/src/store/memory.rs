@@ -523,9 +523,21 @@ struct Tally {
     /// The ages of the youngest and the oldest record given up, in nanoseconds.
     youngest: u64,
     oldest: u64,
+    /// The first record the operation took out of the table, freed once its lock is released:
+    /// a record given up is the shard's oldest, its memory long out of the cache, and freeing
+    /// it writes there.
+    late: Option<Record>,
 }
 
 impl Tally {
+    /// Takes a record out of the table: the first of an operation is freed after its lock is
+    /// released, any more at once.
+    fn discard(&mut self, record: Record) {
+        if self.late.is_none() {
+            self.late = Some(record);
+        }
+    }
+
     fn evicted(&mut self, age: u64) {
         if self.evicted == 0 {
             (self.youngest, self.oldest) = (age, age);
@@ -637,7 +649,7 @@ impl Shard {
                 break;
             };
             self.freed.pop_front();
-            if self.remove_ordered(entry) {
+            if self.remove_ordered(entry, tally) {
                 // A released key's history is given up quietly: no job's result is forgotten.
                 tally.expired += 1;
                 return true;
@@ -671,6 +683,7 @@ impl Shard {
             }
             let (record, _) = found.remove();
             self.heap -= record.heap();
+            tally.discard(record);
             self.order.pop_front();
             if expired {
                 tally.expired += 1;
@@ -692,7 +705,7 @@ impl Shard {
     }
 
     /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
-    fn remove_ordered(&mut self, entry: Entry) -> bool {
+    fn remove_ordered(&mut self, entry: Entry, tally: &mut Tally) -> bool {
         match self
             .table
             .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
@@ -700,6 +713,7 @@ impl Shard {
             Ok(found) => {
                 let (record, _) = found.remove();
                 self.heap -= record.heap();
+                tally.discard(record);
                 true
             }
             Err(_) => false,
@@ -735,7 +749,7 @@ impl Shard {
             match self.freed.front() {
                 Some(entry) if entry.expires <= now => {
                     self.freed.pop_front();
-                    if self.remove_ordered(entry) {
+                    if self.remove_ordered(entry, tally) {
                         tally.expired += 1;
                     } else {
                         self.freed.stale = self.freed.stale.saturating_sub(1);
@@ -758,6 +772,7 @@ impl Shard {
                     let (record, _) = entry.remove();
                     self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
+                    tally.discard(record);
                     tally.expired += 1;
                 } else {
                     self.pass_min = self.pass_min.min(record.expires);
@@ -1033,31 +1048,42 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         k0 ^ 0x6c79_6765_6e65_7261,
         k1 ^ 0x7465_6462_7974_6573,
     ];
-    let len = parts[0].len() + parts[1].len();
-    // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`. Words
-    // are read straight from the parts (never through a buffer just written, whose bytes the
-    // processor would have to forward to a wider load).
-    let (mut tail, mut ntail) = (0u64, 0usize);
-    for part in parts {
-        let mut bytes = part;
-        if ntail > 0 {
-            let take = (8 - ntail).min(bytes.len());
-            let (head, rest) = bytes.split_at(take);
-            tail |= le_word(head) << (8 * ntail);
-            ntail += take;
-            bytes = rest;
-            if ntail < 8 {
-                continue;
-            }
+    let [a, mut b] = parts;
+    let len = a.len() + b.len();
+    // Words are read straight from the parts, never through a buffer just written (whose bytes
+    // the processor would have to forward to a wider load).
+    let mut words = a.chunks_exact(8);
+    for word in &mut words {
+        compress::<C>(
+            &mut v,
+            u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+        );
+    }
+    // The bytes of `a` left over, topped up from `b`: `ntail` bytes, little-endian, in `tail`.
+    let rest = words.remainder();
+    let mut ntail = rest.len();
+    let mut tail = le_word(rest);
+    if ntail > 0 {
+        let take = (8 - ntail).min(b.len());
+        let (head, after) = b.split_at(take);
+        tail |= le_word(head) << (8 * ntail);
+        ntail += take;
+        b = after;
+        if ntail == 8 {
             compress::<C>(&mut v, tail);
-            (tail, ntail) = (0, 0);
+            ntail = 0;
         }
-        let mut words = bytes.chunks_exact(8);
+    }
+    // Once the word across the parts is whole, `b`'s own words (else `b` is spent).
+    if ntail == 0 {
+        let mut words = b.chunks_exact(8);
         for word in &mut words {
-            compress::<C>(&mut v, le_word(word));
+            compress::<C>(
+                &mut v,
+                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+            );
         }
         tail = le_word(words.remainder());
-        ntail = words.remainder().len();
     }
     compress::<C>(&mut v, tail | ((len as u64) << 56));
     v[2] ^= 0xff;
@@ -1193,6 +1219,7 @@ impl MemoryStore {
         shard.evicted += op.tally.evicted;
         shard.expired += op.tally.expired;
         drop(shard);
+        // Unlocked: the record the operation took out is freed here, with `op`.
         if op.tally.evicted > 0 {
             self.inner.report_evictions(&op.tally, op.now);
         }
