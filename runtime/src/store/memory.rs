@@ -395,6 +395,7 @@ struct Record {
 const NO_FINGERPRINT: u32 = u32::MAX;
 
 impl Record {
+    #[inline]
     fn claimed(
         hash: u64,
         key: StoreKey<'_>,
@@ -526,7 +527,7 @@ struct Tally {
     /// The first record the operation took out of the table, freed once its lock is released:
     /// a record given up is the shard's oldest, its memory long out of the cache, and freeing
     /// it writes there.
-    late: Option<Record>,
+    late: Option<Box<[u8]>>,
 }
 
 impl Tally {
@@ -534,7 +535,7 @@ impl Tally {
     /// released, any more at once.
     fn discard(&mut self, record: Record) {
         if self.late.is_none() {
-            self.late = Some(record);
+            self.late = Some(record.data);
         }
     }
 
