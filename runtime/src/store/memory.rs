@@ -316,6 +316,7 @@ impl Order {
     }
 
     /// Appends `entry`, the youngest.
+    #[inline(always)]
     fn push(&mut self, entry: Entry) {
         self.ring.push_back(entry);
     }
@@ -624,6 +625,7 @@ impl Shard {
     /// that order's compaction on. It first makes room if it can, so that the ring does not
     /// double past the bound: like the table, a ring at the bound gives up its oldest entry
     /// rather than grow.
+    #[inline(always)]
     fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
         for _ in 0..MAX_EVICTIONS {
             if self.entry_fits(&op.limits, order)
