@@ -404,7 +404,7 @@ struct Record {
 const NO_FINGERPRINT: u32 = u32::MAX;
 
 impl Record {
-    #[inline]
+    #[inline(always)]
     fn claimed(
         hash: u64,
         key: StoreKey<'_>,
