@@ -7,12 +7,10 @@
 //! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
 //! allocated, each record's key, token and stored result as the allocator hands them out (one
-//! allocation a record), the rings that order records by age, as allocated, and in each shard the
-//! allocation of one record given up (up to 1 KiB), kept for the next completion of its length
-//! to reuse instead of asking the allocator. A small job (a 12-byte scope, a 20-byte key, a
-//! 58-byte result) costs about 250 bytes (up to 290 while the table has room to grow into), so
-//! the default bound holds about a million of them; [`MemoryStore::stats`] says what it holds
-//! now.
+//! allocation a record), and the rings that order records by age, as allocated. A small job (a
+//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 250 bytes (up to 290 while the
+//! table has room to grow into), so the default bound holds about a million of them;
+//! [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records and released keys' histories
 //! (no result is forgotten with them), then gives up the **oldest completed records first**,
