@@ -63,8 +63,6 @@ const EXPIRE_STEP: usize = 4;
 const MAX_EVICTIONS: usize = 64;
 /// Entries of an order a compaction looks at for each entry appended to it.
 const COMPACT_STEP: usize = 8;
-/// The longest data a shard keeps as its spare allocation (see [`Shard::spare`]).
-const SPARE_MAX: usize = 1024;
 /// Stale entries one attempt to give a record up skips at most.
 const STALE_SKIP: usize = 64;
 /// How often, at most, the store logs that it gives records up.
@@ -247,12 +245,6 @@ struct Shard {
     /// which the operation holds anyway, rather than in an atomic every operation would write.
     evicted: u64,
     expired: u64,
-    /// The data of a record given up or dropped (up to [`SPARE_MAX`] bytes), counted in
-    /// [`Shard::heap`] and kept for the next completion whose data is as long: it takes this
-    /// allocation instead of a new one, and the old one is never freed. A record given up is
-    /// the shard's oldest, its memory long out of the cache: a free would read there, and the
-    /// next allocation of that size would be handed the same memory and read there again.
-    spare: Option<Box<[u8]>>,
 }
 
 /// A completed or released record's place in an [`Order`].
@@ -533,12 +525,21 @@ struct Tally {
     /// The ages of the youngest and the oldest record given up, in nanoseconds.
     youngest: u64,
     oldest: u64,
-    /// The data of a record the operation took out of the table and did not keep as its
-    /// shard's spare, freed once the lock is released (any more are freed at once).
+    /// The first record the operation took out of the table, freed once its lock is released:
+    /// a record given up is the shard's oldest, its memory long out of the cache, and freeing
+    /// it writes there.
     late: Option<Box<[u8]>>,
 }
 
 impl Tally {
+    /// Takes a record out of the table: the first of an operation is freed after its lock is
+    /// released, any more at once.
+    fn discard(&mut self, record: Record) {
+        if self.late.is_none() {
+            self.late = Some(record.data);
+        }
+    }
+
     fn evicted(&mut self, age: u64) {
         if self.evicted == 0 {
             (self.youngest, self.oldest) = (age, age);
@@ -613,8 +614,7 @@ impl Shard {
             if self.fits(limits, heap, adding) {
                 return true;
             }
-            // The spare allocation goes last: it is one record's data at most.
-            if !self.give_up_oldest(limits.min_retention, now, tally) && !self.drop_spare(tally) {
+            if !self.give_up_oldest(limits.min_retention, now, tally) {
                 return false;
             }
         }
@@ -629,8 +629,7 @@ impl Shard {
     fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
         for _ in 0..MAX_EVICTIONS {
             if self.entry_fits(&op.limits, order)
-                || !(self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
-                    || self.drop_spare(&mut op.tally))
+                || !self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
             {
                 break;
             }
@@ -686,7 +685,8 @@ impl Shard {
                 return dropped;
             }
             let (record, _) = found.remove();
-            self.discard(record, tally);
+            self.heap -= record.heap();
+            tally.discard(record);
             self.order.pop_front();
             if expired {
                 tally.expired += 1;
@@ -707,32 +707,6 @@ impl Shard {
         }
     }
 
-    /// Accounts for a record taken out of the table: its data becomes the shard's spare if
-    /// there is none and it is short enough, else it is freed (once the lock is released).
-    fn discard(&mut self, record: Record, tally: &mut Tally) {
-        self.heap -= record.heap();
-        let data = record.data;
-        if self.spare.is_none() && !data.is_empty() && data.len() <= SPARE_MAX {
-            self.heap += heap_bytes(data.len());
-            self.spare = Some(data);
-        } else if tally.late.is_none() {
-            tally.late = Some(data);
-        }
-    }
-
-    /// Frees the spare allocation, if there is one (after the lock is released): `false` when
-    /// there was none.
-    fn drop_spare(&mut self, tally: &mut Tally) -> bool {
-        let Some(spare) = self.spare.take() else {
-            return false;
-        };
-        self.heap -= heap_bytes(spare.len());
-        if tally.late.is_none() {
-            tally.late = Some(spare);
-        }
-        true
-    }
-
     /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
     fn remove_ordered(&mut self, entry: Entry, tally: &mut Tally) -> bool {
         match self
@@ -741,7 +715,8 @@ impl Shard {
         {
             Ok(found) => {
                 let (record, _) = found.remove();
-                self.discard(record, tally);
+                self.heap -= record.heap();
+                tally.discard(record);
                 true
             }
             Err(_) => false,
@@ -798,8 +773,9 @@ impl Shard {
                 let lapsed = pressed && record.state == State::Claimed && record.at <= now;
                 if record.expires <= now || lapsed {
                     let (record, _) = entry.remove();
+                    self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
-                    self.discard(record, tally);
+                    tally.discard(record);
                     tally.expired += 1;
                 } else {
                     self.pass_min = self.pass_min.min(record.expires);
@@ -962,20 +938,7 @@ impl Shard {
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
         let stamp = Self::stamp(&mut self.last_stamp, now);
-        let prefix = record.prefix();
-        match self.spare.take() {
-            Some(mut spare) if spare.len() == prefix + result.len() => {
-                // The spare takes the prefix and the result; the claim's data is freed.
-                self.heap -= heap_bytes(spare.len());
-                spare[..prefix].copy_from_slice(&record.data[..prefix]);
-                spare[prefix..].copy_from_slice(result);
-                record.data = spare;
-            }
-            spare => {
-                self.spare = spare;
-                record.set_payload(result);
-            }
-        }
+        record.set_payload(result);
         record.state = State::Completed;
         record.expires = expires;
         record.at = stamp;
@@ -991,9 +954,8 @@ impl Shard {
         // floor of at least 1 ns keeps this record (its age is 0) even when stale entries
         // before it are dropped on the way and `min_retention` is zero.
         while !self.fits(&op.limits, 0, false)
-            && ((self.order.front().is_some_and(|e| e.stamp != stamp)
-                && self.give_up_oldest(op.limits.min_retention.max(1), now, &mut op.tally))
-                || self.drop_spare(&mut op.tally))
+            && self.order.front().is_some_and(|e| e.stamp != stamp)
+            && self.give_up_oldest(op.limits.min_retention.max(1), now, &mut op.tally)
         {}
         Ok(())
     }
@@ -2084,73 +2046,6 @@ mod tests {
         let keys = SipKeys::random();
         assert_eq!(keys.hash(b"ab", b"c"), keys.hash(b"a", b"bc"));
         assert_ne!(keys.hash(b"ab", b"c"), keys.hash(b"ab", b"d"));
-    }
-
-    /// The bytes a shard's records' data and its spare allocation take, counted afresh.
-    fn heap_of(shard: &Shard) -> usize {
-        let records: usize = shard.table.iter().map(Record::heap).sum();
-        records + shard.spare.as_ref().map_or(0, |d| heap_bytes(d.len()))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_completion_takes_the_spare_left_by_a_record_given_up_and_the_bytes_stay_counted() {
-        let s = MemoryStore::builder()
-            .max_records(SHARDS * 4)
-            .min_retention(Duration::ZERO)
-            .build();
-        let job = |i: usize| format!("k{i:05}");
-        for i in 0..1_000 {
-            let key = job(i);
-            let k = StoreKey {
-                scope: "s",
-                key: &key,
-            };
-            assert_eq!(claim(&s, k, "t"), Claim::Acquired, "{key}");
-            s.complete(k, "t", &[7; 100], Duration::from_secs(3600))
-                .await
-                .unwrap();
-        }
-        assert!(s.stats().evicted > 0, "{:?}", s.stats());
-        for shard in s.inner.shards.iter() {
-            let shard = lock(shard);
-            assert_eq!(shard.heap, heap_of(&shard), "the spares are counted");
-        }
-        // A claim gives up its shard's oldest record, whose data becomes the shard's spare (each
-        // completion so far took the one its claim left); the completion, as long, takes it.
-        let key = job(1_000);
-        let k = StoreKey {
-            scope: "s",
-            key: &key,
-        };
-        let (_, mutex) = s.locate(k);
-        assert_eq!(claim(&s, k, "t"), Claim::Acquired);
-        {
-            let shard = lock(mutex);
-            assert!(
-                shard.spare.is_some(),
-                "the data of the record given up is kept"
-            );
-            assert_eq!(shard.heap, heap_of(&shard));
-        }
-        s.complete(k, "t", &[8; 100], Duration::from_secs(3600))
-            .await
-            .unwrap();
-        {
-            let shard = lock(mutex);
-            assert!(shard.spare.is_none(), "taken by the completion");
-            assert_eq!(shard.heap, heap_of(&shard));
-        }
-        assert_eq!(s.completed(k), Some(vec![8; 100]));
-        for i in 990..1_000 {
-            let key = job(i);
-            assert_eq!(
-                s.completed(StoreKey {
-                    scope: "s",
-                    key: &key
-                }),
-                Some(vec![7; 100])
-            );
-        }
     }
 
     #[test]
