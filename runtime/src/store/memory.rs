@@ -525,9 +525,9 @@ struct Tally {
     /// The ages of the youngest and the oldest record given up, in nanoseconds.
     youngest: u64,
     oldest: u64,
-    /// The first record the operation took out of the table, freed once its lock is released:
-    /// a record given up is the shard's oldest, its memory long out of the cache, and freeing
-    /// it writes there.
+    /// The data of the first record the operation took out of the table, freed once its lock
+    /// is released: a record given up is the shard's oldest, its memory long out of the cache,
+    /// and `free` reads and writes there.
     late: Option<Box<[u8]>>,
 }
 
@@ -1222,7 +1222,7 @@ impl MemoryStore {
         shard.evicted += op.tally.evicted;
         shard.expired += op.tally.expired;
         drop(shard);
-        // Unlocked: the record the operation took out is freed here, with `op`.
+        // Unlocked: the data of the record the operation took out is freed here, with `op`.
         if op.tally.evicted > 0 {
             self.inner.report_evictions(&op.tally, op.now);
         }
