@@ -308,6 +308,7 @@ impl Order {
     }
 
     /// Appends `entry`, the youngest.
+    #[inline(always)]
     fn push(&mut self, entry: Entry) {
         self.ring.push_back(entry);
     }
@@ -395,6 +396,7 @@ struct Record {
 const NO_FINGERPRINT: u32 = u32::MAX;
 
 impl Record {
+    #[inline(always)]
     fn claimed(
         hash: u64,
         key: StoreKey<'_>,
@@ -523,9 +525,21 @@ struct Tally {
     /// The ages of the youngest and the oldest record given up, in nanoseconds.
     youngest: u64,
     oldest: u64,
+    /// The data of the first record the operation took out of the table, freed once its lock
+    /// is released: a record given up is the shard's oldest, its memory long out of the cache,
+    /// and `free` reads and writes there.
+    late: Option<Box<[u8]>>,
 }
 
 impl Tally {
+    /// Takes a record out of the table: the first of an operation is freed after its lock is
+    /// released, any more at once.
+    fn discard(&mut self, record: Record) {
+        if self.late.is_none() {
+            self.late = Some(record.data);
+        }
+    }
+
     fn evicted(&mut self, age: u64) {
         if self.evicted == 0 {
             (self.youngest, self.oldest) = (age, age);
@@ -611,6 +625,7 @@ impl Shard {
     /// that order's compaction on. It first makes room if it can, so that the ring does not
     /// double past the bound: like the table, a ring at the bound gives up its oldest entry
     /// rather than grow.
+    #[inline(always)]
     fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
         for _ in 0..MAX_EVICTIONS {
             if self.entry_fits(&op.limits, order)
@@ -637,7 +652,7 @@ impl Shard {
                 break;
             };
             self.freed.pop_front();
-            if self.remove_ordered(entry) {
+            if self.remove_ordered(entry, tally) {
                 // A released key's history is given up quietly: no job's result is forgotten.
                 tally.expired += 1;
                 return true;
@@ -671,6 +686,7 @@ impl Shard {
             }
             let (record, _) = found.remove();
             self.heap -= record.heap();
+            tally.discard(record);
             self.order.pop_front();
             if expired {
                 tally.expired += 1;
@@ -692,7 +708,7 @@ impl Shard {
     }
 
     /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
-    fn remove_ordered(&mut self, entry: Entry) -> bool {
+    fn remove_ordered(&mut self, entry: Entry, tally: &mut Tally) -> bool {
         match self
             .table
             .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
@@ -700,6 +716,7 @@ impl Shard {
             Ok(found) => {
                 let (record, _) = found.remove();
                 self.heap -= record.heap();
+                tally.discard(record);
                 true
             }
             Err(_) => false,
@@ -735,7 +752,7 @@ impl Shard {
             match self.freed.front() {
                 Some(entry) if entry.expires <= now => {
                     self.freed.pop_front();
-                    if self.remove_ordered(entry) {
+                    if self.remove_ordered(entry, tally) {
                         tally.expired += 1;
                     } else {
                         self.freed.stale = self.freed.stale.saturating_sub(1);
@@ -758,6 +775,7 @@ impl Shard {
                     let (record, _) = entry.remove();
                     self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
+                    tally.discard(record);
                     tally.expired += 1;
                 } else {
                     self.pass_min = self.pass_min.min(record.expires);
@@ -1033,54 +1051,42 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         k0 ^ 0x6c79_6765_6e65_7261,
         k1 ^ 0x7465_6462_7974_6573,
     ];
-    let [a, b] = parts;
+    let [a, mut b] = parts;
     let len = a.len() + b.len();
-    let mut tail = 0u64;
-    if len < 64 {
-        // Short (the usual case): both parts in one zero-padded buffer, read a word at a time.
-        let mut buf = [0u8; 64];
-        buf[..a.len()].copy_from_slice(a);
-        buf[a.len()..len].copy_from_slice(b);
-        let (words, rest) = buf.split_at(len / 8 * 8);
-        for word in words.chunks_exact(8) {
+    // Words are read straight from the parts, never through a buffer just written (whose bytes
+    // the processor would have to forward to a wider load).
+    let mut words = a.chunks_exact(8);
+    for word in &mut words {
+        compress::<C>(
+            &mut v,
+            u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
+        );
+    }
+    // The bytes of `a` left over, topped up from `b`: `ntail` bytes, little-endian, in `tail`.
+    let rest = words.remainder();
+    let mut ntail = rest.len();
+    let mut tail = le_word(rest);
+    if ntail > 0 {
+        let take = (8 - ntail).min(b.len());
+        let (head, after) = b.split_at(take);
+        tail |= le_word(head) << (8 * ntail);
+        ntail += take;
+        b = after;
+        if ntail == 8 {
+            compress::<C>(&mut v, tail);
+            ntail = 0;
+        }
+    }
+    // Once the word across the parts is whole, `b`'s own words (else `b` is spent).
+    if ntail == 0 {
+        let mut words = b.chunks_exact(8);
+        for word in &mut words {
             compress::<C>(
                 &mut v,
                 u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
             );
         }
-        tail = u64::from_le_bytes(rest[..8].try_into().unwrap_or([0; 8]));
-    } else {
-        // Bytes carried from one part to the next: `ntail` of them, little-endian in `tail`.
-        let mut ntail = 0usize;
-        for part in parts {
-            let mut bytes = part;
-            if ntail > 0 {
-                while ntail < 8 {
-                    let Some((&byte, rest)) = bytes.split_first() else {
-                        break;
-                    };
-                    tail |= u64::from(byte) << (8 * ntail);
-                    ntail += 1;
-                    bytes = rest;
-                }
-                if ntail < 8 {
-                    continue;
-                }
-                compress::<C>(&mut v, tail);
-                tail = 0;
-            }
-            let mut words = bytes.chunks_exact(8);
-            for word in &mut words {
-                compress::<C>(
-                    &mut v,
-                    u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-                );
-            }
-            for (i, &byte) in words.remainder().iter().enumerate() {
-                tail |= u64::from(byte) << (8 * i);
-            }
-            ntail = words.remainder().len();
-        }
+        tail = le_word(words.remainder());
     }
     compress::<C>(&mut v, tail | ((len as u64) << 56));
     v[2] ^= 0xff;
@@ -1088,6 +1094,29 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         round(&mut v);
     }
     v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
+/// Up to 8 bytes as a little-endian word, the missing high bytes zero.
+#[inline(always)]
+fn le_word(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    let u32_at = |i: usize| {
+        u64::from(u32::from_le_bytes(
+            bytes[i..i + 4].try_into().unwrap_or([0; 4]),
+        ))
+    };
+    match n {
+        8.. => u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])),
+        // Two 4-byte loads that overlap on the same bytes.
+        4..=7 => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
+        // The first, the middle and the last byte cover one to three bytes.
+        1..=3 => {
+            u64::from(bytes[0])
+                | (u64::from(bytes[n / 2]) << (8 * (n / 2)))
+                | (u64::from(bytes[n - 1]) << (8 * (n - 1)))
+        }
+        0 => 0,
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -1193,6 +1222,7 @@ impl MemoryStore {
         shard.evicted += op.tally.evicted;
         shard.expired += op.tally.expired;
         drop(shard);
+        // Unlocked: the data of the record the operation took out is freed here, with `op`.
         if op.tally.evicted > 0 {
             self.inner.report_evictions(&op.tally, op.now);
         }
@@ -1248,7 +1278,12 @@ impl Inner {
     }
 
     fn now(&self) -> u64 {
-        nanos(Instant::now().saturating_duration_since(self.epoch))
+        let since = Instant::now().saturating_duration_since(self.epoch);
+        // `nanos` without its 128-bit product: a u64 of nanoseconds lasts 584 years.
+        since
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(since.subsec_nanos()))
     }
 
     /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
