@@ -170,8 +170,8 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                     Policy::new().attempts(5)          // argument is not a literal
 //                         .base(Duration::from_millis(500));
 //                 let __jobguard_spec: Spec<'_> =       // a `static __JOBGUARD_SPEC` when it
-//                     Spec::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY)  // has no key, breaker,
-//                         .key(&__jobguard_key);      // sink or payload, and a `const` policy
+//                     Spec::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY)  // has no key, sink or
+//                         .key(&__jobguard_key);      // payload, and a `const` policy
 //                 let mut __jobguard_retry = Retry::new(&__jobguard_spec);
 //                 loop {
 //                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
@@ -397,12 +397,15 @@ fn retry_loop(
     } else {
         quote!(__JOBGUARD_SPEC)
     };
-    // The breaker is evaluated once per call (a `const` would otherwise be a new breaker in each
-    // round) and handed to each round, so that the success path asks it at an address it holds
-    // in a register.
+    // The breaker is evaluated once per call and handed to each round, so that the success
+    // path asks it at an address it holds in a register. Through a call, not a `let` of a
+    // reference: a `const` breaker (a new one wherever it is named, never tripping across calls)
+    // stays a compile error, as a temporary dropped while borrowed.
     let (breaker_once, breaker) = match &r.breaker {
         Some(b) => (
-            Some(quote!(let __jobguard_breaker: &#krate::CircuitBreaker = &#b;)),
+            Some(
+                quote_spanned!(b.span()=> let __jobguard_breaker = #krate::__private::breaker(&#b);),
+            ),
             Some(quote!(__jobguard_breaker)),
         ),
         None => (None, None),

@@ -17,7 +17,8 @@
 //!
 //! What to do after an outcome is [`decide`], a plain function over plain data. The success path
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
-//! observes.
+//! observes. (A half-open breaker's probe is the exception: its permit, which must be given
+//! back if the call is dropped, is kept in the call's failure state, allocated for it.)
 //!
 //! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches,
 //! or only `metrics` does, and the policy has no `timeout` or `budget`; decided once, when the
@@ -164,6 +165,16 @@ impl<'a> Spec<'a> {
     }
 }
 
+/// The breaker a `#[retry(breaker = ...)]` call hands to each round, evaluated once per call.
+/// A function, so that a `const` breaker (a new one each time it is named, which would never
+/// trip across calls) is a temporary dropped while borrowed: a compile error, not a breaker
+/// that silently never opens.
+#[doc(hidden)]
+#[inline(always)]
+pub fn breaker(breaker: &CircuitBreaker) -> &CircuitBreaker {
+    breaker
+}
+
 /// What one call of a retried job keeps between attempts.
 pub struct Retry<'a> {
     /// What the call reads of its job.
@@ -246,7 +257,7 @@ impl Slow {
     }
 }
 
-/// The state only a failing call needs.
+/// The state only a failing call needs (and a call whose attempt is a half-open probe).
 struct Failures<'a> {
     /// The last delay, for decorrelated jitter.
     previous_delay: Duration,
@@ -377,6 +388,16 @@ impl<'a> Retry<'a> {
                 probe: None,
             })
         })
+    }
+
+    /// Sets the call's delay timer to fire `delay` from now: an earlier delay's timer is reset,
+    /// not allocated again.
+    fn sleep_for(&mut self, delay: Duration) {
+        let failures = self.failures();
+        match (failures.delay.as_mut(), Instant::now().checked_add(delay)) {
+            (Some(timer), Some(deadline)) => timer.as_mut().reset(deadline),
+            _ => failures.delay = Some(Box::pin(tokio::time::sleep(delay))),
+        }
     }
 
     /// The timer of the delay before the next attempt, when a round set one.
@@ -980,8 +1001,8 @@ where
             return self.drive(cx);
         }
         // A closed breaker's permit is its epoch, kept in a register until the outcome is known.
-        // A probe (or a permit won after a race) is kept in the guard, and the round goes on
-        // out of line, admitting its attempt with it.
+        // Any other permit (a probe, or a closed one won after a race) goes out of line, where
+        // the round admits its attempt with it.
         let mut closed = None;
         if G::GUARDED
             && let Some(breaker) = this.guard.breaker()
@@ -998,6 +1019,13 @@ where
         }
         let attempt = this.attempt;
         let (polled, learned) = attempt::poll_first(number, || attempt.poll(cx));
+        // An `on_ok` classifier is the caller's code, which may read `attempt()` and so the start
+        // cell: what the attempt learned is read before it runs.
+        let learned = if K::ACCEPTS_ALL {
+            learned
+        } else {
+            attempt::Learned::Start(learned.started())
+        };
         this.retry.number = number;
         let classified = match &polled {
             Poll::Ready(Ok(_)) if K::ACCEPTS_ALL => Some(Verdict::Fail),
@@ -1174,8 +1202,8 @@ where
         }
     }
 
-    /// The breaker refused the attempt: no attempt is made or counted, and the round goes on
-    /// giving up (or asleep, for a refusal the policy retries).
+    /// The breaker refused the attempt: no attempt is made or counted, and the round gives up
+    /// ([`decide`] gives up on every refusal).
     #[inline(always)]
     fn refuse(this: &mut Parts<'_, '_, 'a, T, E, C, K, G>, retry_in: Duration) {
         let refused = Error::CircuitOpen { retry_in };
@@ -1273,7 +1301,7 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
             Next::RetryAfter(delay) => {
                 let timed = !delay.is_zero();
                 if timed {
-                    this.retry.failures().delay = Some(Box::pin(tokio::time::sleep(delay)));
+                    this.retry.sleep_for(delay);
                 }
                 State::Sleep { timed }
             }

@@ -20,7 +20,7 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
             &__JOBGUARD_POLICY,
         )
         .dead_letter(&DEAD_LETTERS);
-    let __jobguard_breaker: &::jobguard::CircuitBreaker = &GATEWAY;
+    let __jobguard_breaker = ::jobguard::__private::breaker(&GATEWAY);
     let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__jobguard_spec);
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
