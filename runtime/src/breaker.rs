@@ -785,6 +785,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_closed_permit_is_its_epoch_and_a_probe_stays_a_permit() {
+        let b = CircuitBreaker::new(1, Duration::ZERO);
+        let closed = b.acquire().unwrap();
+        let epoch = closed.epoch;
+        assert_eq!(closed.into_closed().ok(), Some(epoch));
+        // Rebuilt from its epoch, the permit reports as the one it was: the failure opens the
+        // breaker, which with no cooldown is half-open at once.
+        b.closed_permit(epoch).failure();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        // The next admission is the probe, which stays a permit: dropped, it gives its slot back.
+        let probe = match b.admit() {
+            Admission::Permit(probe) => probe,
+            _ => panic!("a probe is admitted"),
+        };
+        assert!(probe.is_probe());
+        let probe = probe
+            .into_closed()
+            .expect_err("a probe is not a closed permit");
+        drop(probe);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(matches!(b.admit(), Admission::Permit(p) if p.is_probe()));
+    }
+
+    #[test]
     fn the_window_shifts_and_counts() {
         let b = CircuitBreaker::failure_rate(0.5, 3, Duration::from_secs(1));
         let w = b.record(true, 3);
