@@ -2,29 +2,10 @@
 //! process, so every call takes the inline path): a closed breaker's permit and a half-open
 //! probe's, through failure, a pending attempt, a dropped call and an `Ok` that `on_ok` retries.
 
-use jobguard::{BreakerState, CircuitBreaker, Transient, Verdict};
+use jobguard::{BreakerState, CircuitBreaker, Verdict};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 const COOLDOWN: Duration = Duration::from_secs(30);
 

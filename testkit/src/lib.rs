@@ -2,12 +2,14 @@
 //! `redis-server` per test on a free loopback port ([`redis`]), a private 6-node Redis Cluster
 //! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share ([`pg_job`]), one conformance suite for every
 //! idempotency store ([`conformance`]), a reader of the Prometheus text format ([`prometheus`])
-//! and a counting allocator ([`alloc`]). Not published.
+//! a counting allocator ([`alloc`]) and the error of a job against a flaky gateway
+//! ([`gateway`]). Not published.
 #![warn(missing_docs)]
 
 pub mod alloc;
 pub mod cluster;
 pub mod conformance;
+pub mod gateway;
 pub mod pg_job;
 pub mod postgres;
 mod process;
