@@ -1,33 +1,13 @@
 //! Half-open probes: at most `probes` at once under concurrency, and a probe that is dropped or
 //! fails permanently gives its slot back, so the breaker never sticks half-open.
 
-use jobguard::{BreakerState, CircuitBreaker, Event, Runtime, Transient};
+use jobguard::{BreakerState, CircuitBreaker, Event, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    Declined,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 const COOLDOWN: Duration = Duration::from_secs(30);
 

@@ -2,36 +2,11 @@
 //! only transient failures count, and an open breaker ends the call with `Error::CircuitOpen`
 //! and a `GiveUp::CircuitOpen` dead letter.
 
-use jobguard::{
-    BreakerState, CircuitBreaker, DeadLetter, GiveUp, MemoryDeadLetters, Runtime, Transient,
-};
+use jobguard::{BreakerState, CircuitBreaker, DeadLetter, GiveUp, MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    Declined,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GatewayError::Jobguard(e) => write!(f, "{e}"),
-            other => write!(f, "{other:?}"),
-        }
-    }
-}
 
 fn with_letters() -> (Runtime, MemoryDeadLetters) {
     let letters = MemoryDeadLetters::new();

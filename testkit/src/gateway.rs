@@ -24,11 +24,11 @@ impl From<jobguard::Error> for GatewayError {
 }
 
 impl std::fmt::Display for GatewayError {
+    /// jobguard's error as it writes itself, the others by name.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GatewayError::Timeout => f.write_str("gateway timeout"),
-            GatewayError::Declined => f.write_str("declined"),
-            GatewayError::Jobguard(e) => write!(f, "jobguard: {e}"),
+            GatewayError::Jobguard(e) => write!(f, "{e}"),
+            other => write!(f, "{other:?}"),
         }
     }
 }
