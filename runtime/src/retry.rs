@@ -189,12 +189,12 @@ pub struct Retry<'a> {
     /// The number of the attempt in the body (the attempts made so far), as
     /// [`attempt()`](crate::attempt()) reads it.
     number: u32,
-    /// What only a call that did not succeed at once needs: made when its first attempt is
-    /// admitted if the call is not lean, else at its first stamp (the end of an attempt's first
-    /// poll that did not accept it, or a refusal). A call that succeeds at once writes and checks
-    /// nothing else.
+    /// What only a call that did not succeed at once needs: made the first time the round goes
+    /// out of line (an attempt admitted there, a call that is not lean, an attempt that did not
+    /// finish or was not accepted in its first poll, a refusal, a probe). A call that succeeds
+    /// at once writes and checks nothing else.
     slow: Option<Slow>,
-    /// What only a failure needs, allocated at the first one.
+    /// What only a failure (or a half-open probe) needs, allocated at the first one.
     failures: Option<Box<Failures<'a>>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,

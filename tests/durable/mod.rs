@@ -481,13 +481,16 @@ async fn stall_point(id: u32) {
         return;
     };
     // Polls for the test's word; the process is stopped in between, so most of the waiting is
-    // not even this loop's.
-    while redis
-        .get::<_, Option<u32>>(format!("resume:{id}"))
-        .await
-        .expect("GET resume")
-        .is_none()
-    {
+    // not even this loop's. A GET in flight when the process was stopped can time out when it
+    // resumes (the timer fires before the connection's reader hands over the reply): it is
+    // asked again.
+    loop {
+        match redis.get::<_, Option<u32>>(format!("resume:{id}")).await {
+            Ok(Some(_)) => break,
+            Ok(None) => {}
+            Err(e) if e.is_timeout() => {}
+            Err(e) => panic!("GET resume: {e}"),
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
