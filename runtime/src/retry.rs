@@ -1040,7 +1040,9 @@ where
                 if let (Some(epoch), Some(breaker)) = (closed, this.guard.breaker()) {
                     breaker.closed_succeeded(epoch);
                 }
-                *this.state = State::Done;
+                // The state was `Admit` (checked on the way in, and nothing else can change it),
+                // which holds nothing to drop: it is overwritten without a check.
+                core::mem::forget(core::mem::replace(this.state, State::Done));
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
             // What the attempt learned of its start is read before anything else polls.
