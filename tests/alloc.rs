@@ -6,8 +6,9 @@
 //! interned metric labels) does not count; the counter is switched on only around the measured
 //! call, on this thread, on a current-thread runtime.
 
-use jobguard::{Event, Jitter, MemoryDeadLetters, Policy, Runtime, Transient};
+use jobguard::{Event, Jitter, MemoryDeadLetters, Policy, Runtime};
 use jobguard_testkit::alloc::{self, Counting};
+use jobguard_testkit::gateway::GatewayError;
 use std::time::Duration;
 
 #[global_allocator]
@@ -26,26 +27,6 @@ fn allocations_of<F: Future>(mut make: impl FnMut() -> F) -> (usize, F::Output) 
         let out = make().await;
         (alloc::stop(), out)
     })
-}
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
 }
 
 #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]

@@ -1,9 +1,8 @@
 //! One breaker `static` shared by two annotated functions opens after N failures across both,
 //! fails fast, and closes after one good probe.
 
-use jobguard::{
-    BreakerState, CircuitBreaker, Event, GiveUp, MemoryDeadLetters, Runtime, Transient,
-};
+use jobguard::{BreakerState, CircuitBreaker, Event, GiveUp, MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,29 +13,6 @@ static GATEWAY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30))
 /// Whether the payment gateway answers, and how many calls reached it.
 static GATEWAY_UP: AtomicBool = AtomicBool::new(false);
 static GATEWAY_CALLS: AtomicU32 = AtomicU32::new(0);
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GatewayError::Timeout => f.write_str("gateway timeout"),
-            GatewayError::Jobguard(e) => write!(f, "{e}"),
-        }
-    }
-}
 
 async fn gateway(order_id: &str) -> Result<String, GatewayError> {
     GATEWAY_CALLS.fetch_add(1, Ordering::SeqCst);

@@ -1,29 +1,11 @@
 //! `timeout` cuts one attempt, which fails with `jobguard::Error::Timeout` and is retried.
 
-use jobguard::{Event, GiveUp, MemoryDeadLetters, Runtime, Transient, Verdict};
+use jobguard::{Event, GiveUp, MemoryDeadLetters, Runtime, Verdict};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-
-#[derive(Debug, PartialEq, Transient)]
-enum GatewayError {
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let GatewayError::Jobguard(e) = self;
-        write!(f, "{e}")
-    }
-}
 
 /// Every `(attempt, delay, error)` the observer saw retried.
 type Retries = Arc<Mutex<Vec<(u32, Duration, String)>>>;

@@ -5,7 +5,7 @@
 use jobguard::Transient;
 
 /// A job's error against a flaky gateway.
-#[derive(Debug, Transient)]
+#[derive(Debug, PartialEq, Transient)]
 pub enum GatewayError {
     /// The gateway timed out: retried.
     #[transient]

@@ -1,30 +1,10 @@
-#[derive(Debug, jobguard::Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("gateway timeout")
-    }
-}
-
 // A `const` is a new breaker wherever it is named: one that would never trip across calls.
 #[allow(clippy::declare_interior_mutable_const)]
 const GATEWAY: jobguard::CircuitBreaker =
     jobguard::CircuitBreaker::new(5, std::time::Duration::from_secs(30));
 
 #[jobguard::retry(attempts = 3, breaker = GATEWAY)]
-async fn charge(order_id: &str) -> Result<u64, GatewayError> {
+async fn charge(order_id: &str) -> Result<u64, jobguard::Error> {
     let _ = order_id;
     Ok(100)
 }
