@@ -276,40 +276,21 @@ pub fn fence() -> Option<u64> {
 /// known, and keeps the start it learned in `started`. The attempt outside (a guarded call
 /// inside another) is put back afterwards, also when `poll` panics.
 ///
-/// The common case, where neither this attempt nor the one outside has its start in the shared
-/// start cell, reads and writes one thread-local word on the way in and again on the way out,
-/// with one sign test each way, and keeps only the outer word for a panic to put back.
+/// An attempt that knows no start yet is polled as by [`poll_first`], which it is on its first
+/// poll; one that knows it shares the start cell with the attempt outside.
 #[inline(always)]
 pub(crate) fn poll_in<R>(
     number: u32,
     started: &mut Option<Instant>,
     poll: impl FnOnce() -> R,
 ) -> R {
-    /// Puts the attempt outside back, also when the body panics.
-    struct Restore(u64);
-    impl Drop for Restore {
-        #[inline(always)]
-        fn drop(&mut self) {
-            CURRENT.set(self.0);
-        }
-    }
-    let mut current = u64::from(number);
     if started.is_some() {
-        current |= HAS_START;
-    }
-    let outer = CURRENT.replace(current);
-    if (outer | current) & HAS_START != 0 {
+        let outer = CURRENT.replace(u64::from(number) | HAS_START);
         return poll_in_sharing(outer, started, poll);
     }
-    let restore = Restore(outer);
-    let polled = poll();
-    let inner = CURRENT.get();
-    drop(restore);
-    // The attempt asked for its start during this poll: keep it for its later polls. (The start
-    // cell is left as it is: the word outside has no start flag, so nothing reads it.)
-    if inner & HAS_START != 0 {
-        *started = STARTED.get();
-    }
+    let (polled, learned) = poll_first(number, poll);
+    // The attempt asked for its start during this poll: keep it for its later polls.
+    *started = learned.started();
     polled
 }
 

@@ -718,6 +718,19 @@ impl<T, K: FnOnce(&T) -> Verdict> OkVerdict<T> for K {
     }
 }
 
+/// The verdict on an `Ok` value: [`Verdict::Fail`] (accepted) without asking when every `Ok`
+/// is, else what `on_ok` says, asked once.
+#[inline(always)]
+fn ok_verdict<T, K: OkVerdict<T>>(on_ok: &mut Option<K>, value: &T) -> Verdict {
+    if K::ACCEPTS_ALL {
+        return Verdict::Fail;
+    }
+    match on_ok.take() {
+        Some(on_ok) => on_ok.verdict(value),
+        None => Verdict::Fail,
+    }
+}
+
 /// The `on_ok` of a round without one: every `Ok` is accepted, without a call or a check.
 #[derive(Debug, Clone, Copy)]
 pub struct AcceptOk;
@@ -1009,8 +1022,7 @@ where
         {
             match breaker.admit() {
                 Admission::Closed(epoch) => closed = Some(epoch),
-                Admission::Permit(permit) => return self.admitted(cx, permit),
-                Admission::Refused(retry_in) => return self.refused(cx, retry_in),
+                other => return self.admitted(cx, other),
             }
         }
         let number = this.retry.number + 1;
@@ -1028,11 +1040,7 @@ where
         };
         this.retry.number = number;
         let classified = match &polled {
-            Poll::Ready(Ok(_)) if K::ACCEPTS_ALL => Some(Verdict::Fail),
-            Poll::Ready(Ok(value)) => match this.on_ok.take() {
-                Some(on_ok) => Some(on_ok.verdict(value)),
-                None => Some(Verdict::Fail),
-            },
+            Poll::Ready(Ok(value)) => Some(ok_verdict(this.on_ok, value)),
             _ => None,
         };
         match (polled, classified) {
@@ -1060,28 +1068,25 @@ where
     E: Describe,
     G: Guard<'a, E>,
 {
-    /// The inline path's refusal: the breaker refused the round's first attempt.
-    #[cold]
-    #[inline(never)]
-    fn refused(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        retry_in: Duration,
-    ) -> Poll<ControlFlow<Result<T, E>>> {
-        Self::refuse(&mut self.as_mut().parts().0, retry_in);
-        self.drive(cx)
-    }
-
-    /// The inline path's permit when it is not the closed state's: the round's attempt is
-    /// admitted with it, out of line.
+    /// The inline path's admission when it is not simply a closed breaker's (a refusal, a
+    /// probe, a closed permit won after a race): the round goes on from it out of line.
     #[cold]
     #[inline(never)]
     fn admitted(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        permit: Permit<'a>,
+        admission: Admission<'a>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
-        Self::keep_permit(&mut self.as_mut().parts().0, Some(permit));
+        let (mut this, _) = self.as_mut().parts();
+        match admission {
+            Admission::Refused(retry_in) => Self::refuse(&mut this, retry_in),
+            Admission::Permit(permit) => Self::keep_permit(&mut this, Some(permit)),
+            Admission::Closed(epoch) => {
+                if let Some(slot) = this.guard.as_mut().closed() {
+                    *slot = Some(epoch);
+                }
+            }
+        }
         self.drive(cx)
     }
 
@@ -1231,11 +1236,7 @@ where
         let verdict = match (&result, origin, classified) {
             // `on_ok` was asked already, on the inline path.
             (_, _, Some(verdict)) => verdict,
-            (Ok(_), _, None) if K::ACCEPTS_ALL => Verdict::Fail,
-            (Ok(value), _, None) => match this.on_ok.take() {
-                Some(on_ok) => on_ok.verdict(value),
-                None => Verdict::Fail,
-            },
+            (Ok(value), _, None) => ok_verdict(this.on_ok, value),
             (Err(error), Origin::Body, None) => match this.on_err.take() {
                 Some(on_err) => on_err(error).into(),
                 None => Verdict::Fail,
