@@ -170,19 +170,28 @@ async fn retried(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
     Ok(1)
 }
 
-#[tokio::test(start_paused = true)]
-async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter() {
+/// A runtime whose store holds `key` of `scope` claimed once by a worker that died, and the
+/// runtime's dead-letter sink.
+async fn after_one_crash(scope: &str, key: &str) -> (Runtime, MemoryDeadLetters) {
     let store = MemoryStore::new();
     let letters = MemoryDeadLetters::new();
     let runtime = Runtime::builder()
         .store(store.clone())
         .dead_letters(letters.clone())
         .build();
-    let k = StoreKey {
-        scope: "tests.poison.retried",
-        key: "order-R",
-    };
-    abandon(&store, k, "dies", ClaimOptions::new(LEASE)).await;
+    abandon(
+        &store,
+        StoreKey { scope, key },
+        "dies",
+        ClaimOptions::new(LEASE),
+    )
+    .await;
+    (runtime, letters)
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_retry_a_poisoned_job_is_refused_before_the_loop_with_one_letter() {
+    let (runtime, letters) = after_one_crash("tests.poison.retried", "order-R").await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(retried("order-R", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
@@ -205,17 +214,7 @@ async fn with_own_sink(order: &str, runs: &AtomicU32) -> Result<u64, Error> {
 
 #[tokio::test(start_paused = true)]
 async fn the_crash_letter_goes_to_the_jobs_own_sink_like_its_other_letters() {
-    let store = MemoryStore::new();
-    let runtime_letters = MemoryDeadLetters::new();
-    let runtime = Runtime::builder()
-        .store(store.clone())
-        .dead_letters(runtime_letters.clone())
-        .build();
-    let k = StoreKey {
-        scope: "tests.poison.own_sink",
-        key: "order-S",
-    };
-    abandon(&store, k, "dies", ClaimOptions::new(LEASE)).await;
+    let (runtime, runtime_letters) = after_one_crash("tests.poison.own_sink", "order-S").await;
     let runs = AtomicU32::new(0);
     let got = runtime.scope(with_own_sink("order-S", &runs)).await;
     assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
