@@ -1,31 +1,12 @@
 //! A `#[retry]` future is `Send` whenever its body's is: it can be spawned, and it recovers on
 //! another task as it does inline.
 
-use jobguard::{MemoryDeadLetters, Runtime, Transient};
+use jobguard::{MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 #[jobguard::retry(attempts = 4, base = "100ms", cap = "1s", jitter = full, timeout = "5s", budget = "1m")]
 async fn flaky(calls: Arc<AtomicU32>, fail_times: u32) -> Result<u32, GatewayError> {
