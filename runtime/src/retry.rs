@@ -783,10 +783,6 @@ impl Display for OkRetried {
 /// the dead letter on its way) is in the call's failure state instead, so a round accepted at
 /// once drops no more than its guard.
 pub trait Guard<'a, E> {
-    /// Whether rounds of this kind can have a breaker: known at compile time, so that an
-    /// unguarded round's success path has no code for it.
-    const GUARDED: bool = false;
-
     /// The runtime's own failure (a cut attempt, an open breaker) as the job's error; `None` for
     /// a round that has none.
     #[inline(always)]
@@ -842,8 +838,6 @@ impl<'a, E> Permitted<'a, E> {
 }
 
 impl<'a, E: FromJobguard> Guard<'a, E> for Permitted<'a, E> {
-    const GUARDED: bool = true;
-
     #[inline]
     fn lift(error: Error) -> Option<E> {
         Some(E::from(error))
@@ -873,8 +867,6 @@ pin_project_lite::pin_project! {
 
 /// Everything but the time limit is the [`Permitted`] part's.
 impl<'a, E: FromJobguard> Guard<'a, E> for Guarded<'a, E> {
-    const GUARDED: bool = true;
-
     #[inline]
     fn lift(error: Error) -> Option<E> {
         <Permitted<'a, E> as Guard<'a, E>>::lift(error)
@@ -1017,9 +1009,7 @@ where
         // Any other permit (a probe, or a closed one won after a race) goes out of line, where
         // the round admits its attempt with it.
         let mut closed = None;
-        if G::GUARDED
-            && let Some(breaker) = this.guard.breaker()
-        {
+        if let Some(breaker) = this.guard.breaker() {
             match breaker.admit() {
                 Admission::Closed(epoch) => closed = Some(epoch),
                 other => return self.admitted(cx, other),
