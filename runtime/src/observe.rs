@@ -380,7 +380,6 @@ pub(crate) fn record_job(event: &Event<'_>, job: Option<&'static Job>) {
     record_metrics(event, job);
     #[cfg(feature = "tracing")]
     self::tracing::record(event);
-    let _ = event;
 }
 
 /// The `metrics` view of `event` alone (see [`Watch::Metrics`]); a no-op without that feature.

@@ -879,6 +879,8 @@ impl Shard {
             let old = std::mem::replace(record, fresh);
             self.heap = self.heap + record.heap() - old.heap();
             Self::unorder(&mut self.order, &mut self.freed, old.state);
+            // The record taken over is cold: its data is freed once the lock is released.
+            tally.discard(old);
             self.written(expires);
             return Ok(Claimed::Acquired {
                 generation,
@@ -1119,8 +1121,12 @@ fn le_word(bytes: &[u8]) -> u64 {
     }
 }
 
+/// `d` in nanoseconds, saturating (a u64 of nanoseconds lasts 584 years), without the 128-bit
+/// product of `Duration::as_nanos`.
 fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(d.subsec_nanos()))
 }
 
 impl Default for MemoryStore {
@@ -1278,12 +1284,7 @@ impl Inner {
     }
 
     fn now(&self) -> u64 {
-        let since = Instant::now().saturating_duration_since(self.epoch);
-        // `nanos` without its 128-bit product: a u64 of nanoseconds lasts 584 years.
-        since
-            .as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(since.subsec_nanos()))
+        nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
     /// Sets the gauge, once every [`GAUGE_EVERY`] at most.
