@@ -8,6 +8,7 @@
 //! | [`redis::RedisDeadLetters`] (feature `redis`) | a Redis Stream | outlives the process; `list`, `get`, `remove`, `redrive` |
 
 use std::collections::VecDeque;
+use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -291,4 +292,12 @@ impl DeadLetterSink for LogDeadLetters {
         self.kept.push(letter);
         Box::pin(std::future::ready(Ok(())))
     }
+}
+
+/// Logs that the letter of `job`'s give-up for `reason` did not reach its sink: the one line the
+/// retry engine and the idempotency guard write for a lost letter.
+pub(crate) fn letter_lost(job: &str, reason: GiveUp, error: &dyn Display) {
+    crate::observe::log_error(format_args!(
+        "jobguard: job {job} gave up ({reason}) but its dead letter was lost: {error}"
+    ));
 }

@@ -296,15 +296,9 @@ impl<'a> Idempotent<'a> {
         )
         .with_history(vec![error.to_string()]);
         runtime.emit(&Event::DeadLetter(&letter));
-        let sent = match self.sink {
-            Some(sink) => sink.send(letter).await,
-            None => runtime.inner.dead_letters.send(letter).await,
-        };
-        if let Err(e) = sent {
-            log_error(format_args!(
-                "jobguard: job {} gave up (crashed) but its dead letter was lost: {e}",
-                self.name
-            ));
+        let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
+        if let Err(e) = sink.send(letter).await {
+            crate::dead_letter::letter_lost(self.name, GiveUp::Crashed, &e);
         }
     }
 

@@ -676,9 +676,7 @@ impl<'a> Retry<'a> {
         let sending = async move {
             match send.await {
                 Ok(()) => Delivery::settle(),
-                Err(e) => crate::observe::log_error(format_args!(
-                    "jobguard: job {job} gave up ({reason}) but its dead letter was lost: {e}"
-                )),
+                Err(e) => crate::dead_letter::letter_lost(job, reason, &e),
             }
         };
         #[cfg(feature = "tracing")]
