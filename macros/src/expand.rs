@@ -8,7 +8,7 @@ use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Attribute, Block, Expr, Ident, ItemFn, Meta, Path, ReturnType, Type};
+use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
 
 /// Which attribute is expanding.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -219,7 +219,7 @@ fn expand(
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
-        (None, Some(i)) => idempotent_call(i, None, &krate, &job, ret, body),
+        (None, Some(i)) => idempotent_call(i, false, &krate, &job, ret, body),
         (Some(r), Some(i)) => {
             // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
             let body = match &i.transaction {
@@ -236,14 +236,20 @@ fn expand(
             };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
             // The crash letter goes where the job's other letters go.
-            let sink = r.dead_letter.as_ref();
+            let sink = r.dead_letter.is_some();
             idempotent_call(i, sink, &krate, &job, ret, quote!(async { #inner }))
         }
         (None, None) => unreachable!("one attribute is expanding"),
     };
+    // The job's sink is evaluated once per call, for the retry's letters and the crash letter
+    // alike; through a call, as the breaker, so that a temporary is not kept alive by a `let`.
+    let sink = retry
+        .and_then(|r| r.dead_letter.as_ref())
+        .map(|d| quote_spanned!(d.span()=> let __jobguard_sink = #krate::__private::sink(&#d);));
     quote! {
         #(#attrs)*
         #vis #sig {
+            #sink
             #outer
         }
     }
@@ -369,8 +375,8 @@ fn retry_loop(
     if keyed {
         spec.extend(quote!(.key(&__jobguard_key)));
     }
-    if let Some(d) = &r.dead_letter {
-        spec.extend(quote!(.dead_letter(&#d)));
+    if r.dead_letter.is_some() {
+        spec.extend(quote!(.dead_letter(__jobguard_sink)));
     }
     // The arguments are borrowed, never moved: the body still owns them.
     let payload = r.payload.as_ref().map(|p| {
@@ -462,7 +468,7 @@ fn retry_loop(
 
 fn idempotent_call(
     i: &IdempotentArgs,
-    sink: Option<&Expr>,
+    sink: bool,
     krate: &TokenStream,
     job: &TokenStream,
     ret: &Type,
@@ -501,8 +507,8 @@ fn idempotent_call(
     if let Some(store) = &i.store {
         call.extend(quote_spanned!(store.span()=> .store(&#store)));
     }
-    if let Some(sink) = sink {
-        call.extend(quote!(.dead_letter(&#sink)));
+    if sink {
+        call.extend(quote!(.dead_letter(__jobguard_sink)));
     }
     let run = Ident::new("run", ret.span());
     // Each bound is reported on the tokens it is about: the key's on the key expression, the

@@ -262,7 +262,7 @@ pub mod __private {
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::{Payload, Retry, Spec, breaker};
+    pub use crate::retry::{Payload, Retry, Spec, breaker, sink};
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, savepoint};
     pub use core::ops::ControlFlow;

@@ -175,6 +175,14 @@ pub fn breaker(breaker: &CircuitBreaker) -> &CircuitBreaker {
     breaker
 }
 
+/// The dead-letter sink a `#[retry(dead_letter = ...)]` call evaluates once, for its own letters
+/// and (with `#[idempotent]`) its crash letter. A function for the reason [`breaker`] is.
+#[doc(hidden)]
+#[inline(always)]
+pub fn sink(sink: &dyn DeadLetterSink) -> &dyn DeadLetterSink {
+    sink
+}
+
 /// What one call of a retried job keeps between attempts.
 pub struct Retry<'a> {
     /// What the call reads of its job.

@@ -9,6 +9,7 @@
 //     }
 
 async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
+    let __jobguard_sink = ::jobguard::__private::sink(&DEAD_LETTERS);
     static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(
         ::core::concat!(::core::module_path!(), "::capture"),
     );
@@ -19,7 +20,7 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
             &__JOBGUARD_JOB,
             &__JOBGUARD_POLICY,
         )
-        .dead_letter(&DEAD_LETTERS);
+        .dead_letter(__jobguard_sink);
     let __jobguard_breaker = ::jobguard::__private::breaker(&GATEWAY);
     let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__jobguard_spec);
     loop {
