@@ -8,8 +8,9 @@
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
 //! allocated, each record's key, token and stored result as the allocator hands them out (one
 //! allocation a record), and the rings that order records by age, as allocated. A small job (a
-//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 250 bytes (up to 290 while the
-//! table has room to grow into), so the default bound holds about a million of them;
+//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 270–290 bytes (`benches/
+//! memory_store.rs` counts 273, 290 and 274 at 10 thousand, 1 million and 10 million; more just
+//! after a table doubles), so the default bound holds about a million of them;
 //! [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records and released keys' histories
@@ -20,14 +21,15 @@
 //! by default): a redelivery within that window always replays. Each record given up is counted
 //! ([`MemoryStats::evicted`], [`Event::Evicted`](crate::Event::Evicted), the metric
 //! `jobguard_store_evictions_total`) and a warning is logged at most once a minute with the age of
-//! the records given up, so an operator sees that the TTL is not honoured, and why. Only when
-//! every record is a live claim, a poisoned key or younger than `min_retention` does a new claim
-//! fail, closed, with [`Error::Store`].
+//! the records given up, so an operator sees that the TTL is not honoured, and why. A new claim
+//! fails, closed, with [`Error::Store`] only when the records it looked at (the old ends of the
+//! shard's orders, up to 64 given up and 256 buckets swept) are live claims, poisoned keys or
+//! younger than `min_retention`.
 //!
 //! Expired records are dropped a few at a time, by the claims that add records: each drops up to
 //! four expired records from the old end of its shard's completion order (and four from its
 //! order of released keys) and looks at one more bucket of its shard's table (a lapsed claim, a
-//! record with a shorter TTL than older ones), so no operation holds a lock for long, however
+//! poisoned key, a record with a shorter TTL than older ones), so no operation holds a lock for long, however
 //! many records expire at once. (A shard knows a time before which none of its records expires,
 //! from its last pass over its table and the records written since: until then, it looks at no
 //! bucket.) A claim that finds no room looks at up to 256 buckets before it
@@ -174,7 +176,8 @@ impl MemoryStoreBuilder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct MemoryStats {
-    /// Records kept: live claims and completed records, expired ones not yet dropped included.
+    /// Records kept: live and lapsed claims, completed records, released keys' histories and
+    /// poisoned keys, expired ones not yet dropped included.
     pub records: usize,
     /// Bytes counted against the bound (see the [module docs](self)).
     pub bytes: usize,

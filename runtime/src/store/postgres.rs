@@ -64,7 +64,8 @@
 //! lease ends at its `expires_at`, as it did then. It also clears `poisoned` and `crashes`:
 //! the earlier build takes over only a row that expired, whose history this build would have
 //! dropped too. The trigger's `WHEN` condition is checked
-//! without calling the function, so this build's own statements pay one comparison a row.
+//! without calling the function, so this build's own statements pay that check (three
+//! comparisons) a row.
 //! The other way round is not covered: an earlier build reads this build's released row (no
 //! token, no result) as a completed one without a result, and fails that call (`Error::Corrupt`). So run
 //! [`migrate`](PgStore::migrate) first, then roll the workers over, and expect the earlier
