@@ -393,37 +393,37 @@ fn retry_loop(
     // What the call reads of its job is one `static` when nothing in it is made per call, so
     // that a call stores one pointer for all of it.
     let per_call = !literal || keyed || r.dead_letter.is_some() || r.payload.is_some();
-    let spec = if per_call {
-        quote!(let __jobguard_spec: #krate::__private::Spec<'_> = #spec;)
+    let (spec, spec_name) = if per_call {
+        let name = quote!(__jobguard_spec);
+        (
+            quote!(let #name: #krate::__private::Spec<'_> = #spec;),
+            name,
+        )
     } else {
-        quote!(static __JOBGUARD_SPEC: #krate::__private::Spec<'static> = #spec;)
-    };
-    let spec_name = if per_call {
-        quote!(__jobguard_spec)
-    } else {
-        quote!(__JOBGUARD_SPEC)
+        let name = quote!(__JOBGUARD_SPEC);
+        (
+            quote!(static #name: #krate::__private::Spec<'static> = #spec;),
+            name,
+        )
     };
     // The breaker is evaluated once per call and handed to each round, so that the success
     // path asks it at an address it holds in a register. Through a call, not a `let` of a
     // reference: a `const` breaker (a new one wherever it is named, never tripping across calls)
     // stays a compile error, as a temporary dropped while borrowed.
-    let (breaker_once, breaker) = match &r.breaker {
-        Some(b) => (
-            Some(
-                quote_spanned!(b.span()=> let __jobguard_breaker = #krate::__private::breaker(&#b);),
-            ),
-            Some(quote!(__jobguard_breaker)),
-        ),
-        None => (None, None),
-    };
+    let breaker_once = r.breaker.as_ref().map(
+        |b| quote_spanned!(b.span()=> let __jobguard_breaker = #krate::__private::breaker(&#b);),
+    );
     let timed = r.timeout.is_some() || r.budget.is_some();
-    let (method, breaker_arg) = match (timed, &breaker) {
-        (true, Some(b)) => ("attempt_guarded", quote!(::core::option::Option::Some(#b),)),
-        (true, None) => ("attempt_guarded", quote!(::core::option::Option::None,)),
-        (false, Some(b)) => ("attempt_permitted", quote!(#b,)),
-        (false, None) => ("attempt", quote!()),
+    let (method, breaker_arg) = match (timed, r.breaker.is_some()) {
+        (true, true) => (
+            "attempt_guarded",
+            quote!(::core::option::Option::Some(__jobguard_breaker),),
+        ),
+        (true, false) => ("attempt_guarded", quote!(::core::option::Option::None,)),
+        (false, true) => ("attempt_permitted", quote!(__jobguard_breaker,)),
+        (false, false) => ("attempt", quote!()),
     };
-    let guarded = timed || breaker.is_some();
+    let guarded = timed || r.breaker.is_some();
     let method = Ident::new(method, ret.span());
     let classify = match &r.on {
         None => quote_spanned!(ret.span()=> #krate::__private::transient),
@@ -438,13 +438,13 @@ fn retry_loop(
             |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
         },
     };
-    // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
-    // reported once, there, rather than once there and again on the whole attribute.
     let on_ok = r.on_ok.as_ref().map(|k| {
         quote_spanned! {k.span()=>
             .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
         }
     });
+    // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
+    // reported once, there, rather than once there and again on the whole attribute.
     let call = if guarded {
         quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
     } else {

@@ -100,6 +100,37 @@ const CASES: &[Case] = &[
             }
         "#,
     },
+    Case {
+        name: "breaker",
+        kind: Kind::Retry,
+        args: r#"attempts = 5, breaker = GATEWAY"#,
+        item: r#"
+            async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
+                gateway().capture(order_id, 100).await
+            }
+        "#,
+    },
+    Case {
+        name: "timeout",
+        kind: Kind::Retry,
+        args: r#"attempts = 3, timeout = "2s""#,
+        item: r#"
+            async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
+                gateway().capture(order_id, 100).await
+            }
+        "#,
+    },
+    Case {
+        name: "idempotent_retry_sink",
+        kind: Kind::Idempotent,
+        args: r#"key = order_id, crashes = 2"#,
+        item: r#"
+            #[retry(attempts = 3, dead_letter = *JOB_LETTERS)]
+            async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
+                gateway().capture(order_id, 100).await
+            }
+        "#,
+    },
 ];
 
 fn tokens(text: &str) -> TokenStream {
