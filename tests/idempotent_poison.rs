@@ -156,8 +156,7 @@ async fn crashes_zero_never_poisons() {
     };
     let options = ClaimOptions::new(LEASE).crashes(0);
     for _ in 0..10 {
-        store.claim_with(k, "dies", options).await.unwrap();
-        tokio::time::advance(LEASE).await;
+        abandon(&store, k, "dies", options).await;
     }
     let fence = runtime.scope(never_poisoned("order-N")).await;
     assert_eq!(fence, Ok(Some(11)), "the eleventh claim of the key");
@@ -277,11 +276,7 @@ async fn the_fence_is_the_claims_generation_at_any_depth_and_none_outside() {
         .await
         .unwrap();
     store.release(k, "failed").await.unwrap();
-    store
-        .claim_with(k, "died", ClaimOptions::new(LEASE))
-        .await
-        .unwrap();
-    tokio::time::advance(LEASE).await;
+    abandon(&store, k, "died", ClaimOptions::new(LEASE)).await;
     assert_eq!(jobguard::fence(), None);
     let got = runtime.scope(fenced("order-F")).await.unwrap();
     assert_eq!(
