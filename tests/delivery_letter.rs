@@ -4,21 +4,9 @@
 //! attempts. A permanent failure, and a call with no delivery in scope, write one at once. A letter
 //! the sink refuses settles nothing.
 
-use jobguard::{Delivery, Event, GiveUp, MemoryDeadLetters, Runtime, Transient};
+use jobguard::{Delivery, Event, GiveUp, MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::{Arc, Mutex};
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    Declined,
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 #[jobguard::retry(attempts = 3, base = "10ms", cap = "10ms", jitter = none, on = transient)]
 async fn times_out() -> Result<(), GatewayError> {

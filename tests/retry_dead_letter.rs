@@ -1,20 +1,9 @@
 //! `dead_letter = SINK` overrides the runtime's sink: a `static`, a parameter and a field all
 //! work, and the runtime's own sink receives nothing.
 
-use jobguard::{GiveUp, MemoryDeadLetters, Runtime, Transient};
+use jobguard::{GiveUp, MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::LazyLock;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 static PAYMENTS_LETTERS: LazyLock<MemoryDeadLetters> = LazyLock::new(MemoryDeadLetters::new);
 

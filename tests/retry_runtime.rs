@@ -4,20 +4,9 @@
 //! `install` is process-wide, so this file is its own test binary, and the embedded default is
 //! checked in a child process that installs nothing.
 
-use jobguard::{GiveUp, MemoryDeadLetters, Runtime, Transient};
+use jobguard::{GiveUp, MemoryDeadLetters, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use std::process::Command;
-
-#[derive(Debug, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 #[jobguard::retry(attempts = 2, base = "10ms", cap = "10ms", jitter = none)]
 async fn gives_up() -> Result<(), GatewayError> {
