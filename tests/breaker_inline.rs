@@ -1,6 +1,8 @@
 //! The breaker on the success path of a call nobody watches (no observer is built in this
 //! process, so every call takes the inline path): a closed breaker's permit and a half-open
 //! probe's, through failure, a pending attempt, a dropped call and an `Ok` that `on_ok` retries.
+//! Some of these repeat `tests/breaker_probes.rs` on purpose: that file builds an observer, which
+//! takes every call in its process off the inline path.
 
 use jobguard::{BreakerState, CircuitBreaker, Verdict};
 use jobguard_testkit::gateway::GatewayError;

@@ -1,5 +1,6 @@
 //! Half-open probes: at most `probes` at once under concurrency, and a probe that is dropped or
-//! fails permanently gives its slot back, so the breaker never sticks half-open.
+//! fails permanently gives its slot back, so the breaker never sticks half-open. This file builds
+//! an observer, so its calls leave the inline path; `tests/breaker_inline.rs` runs probes on it.
 
 use jobguard::{BreakerState, CircuitBreaker, Event, Runtime};
 use jobguard_testkit::gateway::GatewayError;

@@ -1,9 +1,9 @@
 //! What jobguard's integration tests and benchmarks share, and nothing a user copies: a private
 //! `redis-server` per test on a free loopback port ([`redis`]), a private 6-node Redis Cluster
-//! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share ([`pg_job`]), one conformance suite for every
-//! idempotency store ([`conformance`]), a reader of the Prometheus text format ([`prometheus`])
-//! a counting allocator ([`alloc`]) and the error of a job against a flaky gateway
-//! ([`gateway`]). Not published.
+//! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share
+//! ([`pg_job`]), one conformance suite for every idempotency store ([`conformance`]), a reader
+//! of the Prometheus text format ([`prometheus`]), a counting allocator ([`alloc`]) and the
+//! error of a job against a flaky gateway ([`gateway`]). Not published.
 #![warn(missing_docs)]
 
 pub mod alloc;
