@@ -187,13 +187,9 @@ pub fn sink(sink: &dyn DeadLetterSink) -> &dyn DeadLetterSink {
 pub struct Retry<'a> {
     /// What the call reads of its job.
     spec: &'a Spec<'a>,
-    /// Who sees this call's events, decided when it starts.
-    watch: Watch,
-    /// Whether an attempt needs nothing but the breaker, when there is one: nobody watches (no
-    /// event, no span), or only `metrics` does (one counter per attempt, see
-    /// [`Watch::Metrics`]), and the policy sets no time limit. Then [`Round::poll`] admits and
-    /// accepts it inline. Decided with `watch`, where a `const` policy folds away.
-    lean: bool,
+    /// Who sees this call's events and whether it is lean, decided when it starts, in one byte
+    /// (one store when the call starts, one test at each round; see [`Mode`]).
+    mode: Mode,
     /// The number of the attempt in the body (the attempts made so far), as
     /// [`attempt()`](crate::attempt()) reads it.
     number: u32,
@@ -213,7 +209,10 @@ impl Drop for Retry<'_> {
     /// is dropped out of line.
     #[inline]
     fn drop(&mut self) {
-        if let Some(failures) = self.failures.take() {
+        // Tested before it is taken, so that a call that never failed only reads the field.
+        if self.failures.is_some()
+            && let Some(failures) = self.failures.take()
+        {
             drop_failures(failures);
         }
     }
@@ -223,6 +222,39 @@ impl Drop for Retry<'_> {
 #[inline(never)]
 fn drop_failures(failures: Box<Failures<'_>>) {
     drop(failures);
+}
+
+/// Who watches a call and whether it is lean, in one byte: the [`Watch`] in the low two bits
+/// (its values are 0 to 3) and [`Mode::TIMED`] when the policy sets a time limit. A call is
+/// *lean* (its rounds admit and accept an attempt inline) when nobody but `metrics` watches
+/// (`Nobody` or `Metrics`: bit 0 clear) and the policy is untimed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Mode(u8);
+
+impl Mode {
+    /// The bit of a policy with a `timeout` or a `budget`.
+    const TIMED: u8 = 4;
+
+    #[inline(always)]
+    fn new(watch: Watch, untimed: bool) -> Self {
+        Mode(watch as u8 | if untimed { 0 } else { Self::TIMED })
+    }
+
+    /// Whether the call's rounds may take the inline path.
+    #[inline(always)]
+    fn lean(self) -> bool {
+        self.0 & (Self::TIMED | Watch::Observers as u8) == 0
+    }
+
+    #[inline(always)]
+    fn watch(self) -> Watch {
+        match self.0 & 3 {
+            0 => Watch::Nobody,
+            1 => Watch::Observers,
+            2 => Watch::Metrics,
+            _ => Watch::Integrations,
+        }
+    }
 }
 
 /// What a call keeps once an attempt did not succeed at once (or from its start, when it is not
@@ -286,12 +318,9 @@ impl<'a> Retry<'a> {
     /// The state for one call of the job `spec` describes, with the runtime in scope.
     #[inline(always)]
     pub fn new(spec: &'a Spec<'a>) -> Self {
-        let watch = crate::observe::watch();
-        let lean = matches!(watch, Watch::Nobody | Watch::Metrics) && spec.untimed;
         Retry {
             spec,
-            watch,
-            lean,
+            mode: Mode::new(crate::observe::watch(), spec.untimed),
             number: 0,
             slow: None,
             failures: None,
@@ -303,6 +332,12 @@ impl<'a> Retry<'a> {
     /// The number the next attempt will have, from 1.
     pub fn next_attempt(&self) -> u32 {
         self.number + 1
+    }
+
+    /// Who sees this call's events.
+    #[inline(always)]
+    fn watch(&self) -> Watch {
+        self.mode.watch()
     }
 
     /// One turn of the loop for a job with no breaker, timeout or budget (so the runtime cannot
@@ -421,13 +456,13 @@ impl<'a> Retry<'a> {
     /// Raises `event` for whoever watches, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
-        if self.watch == Watch::Nobody {
+        if self.watch() == Watch::Nobody {
             return;
         }
         let (known, installed) = (self.spec.known, self.slow().installed);
         #[cfg(feature = "tracing")]
         let _entered = self.span.enter(self.spec.job, self.spec.key);
-        match (self.watch, self.failures.as_mut()) {
+        match (self.mode.watch(), self.failures.as_mut()) {
             // A failing call keeps the runtime beside its failure state; a call that has not
             // failed holds nothing to drop and looks the runtime up for the event.
             (Watch::Observers, Some(failures)) => failures
@@ -479,7 +514,7 @@ impl<'a> Retry<'a> {
         #[cfg(feature = "tracing")]
         self.span
             .record_attempt(self.spec.job, self.spec.key, self.number);
-        if self.watch != Watch::Nobody {
+        if self.watch() != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.spec.job,
                 key: self.spec.key,
@@ -550,7 +585,7 @@ impl<'a> Retry<'a> {
         if let Some(permit) = permit {
             permit.success();
         }
-        if self.watch != Watch::Nobody {
+        if self.watch() != Watch::Nobody {
             self.emit(&Event::Succeeded {
                 job: self.spec.job,
                 key: self.spec.key,
@@ -1008,7 +1043,7 @@ where
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.as_mut().project();
-        if !matches!(this.state, State::Admit) || !this.retry.lean {
+        if !matches!(this.state, State::Admit) || !this.retry.mode.lean() {
             return self.drive(cx);
         }
         // A closed breaker's permit is its epoch, kept in a register until the outcome is known.
@@ -1022,7 +1057,7 @@ where
             }
         }
         let number = this.retry.number + 1;
-        if cfg!(feature = "metrics") && this.retry.watch == Watch::Metrics {
+        if cfg!(feature = "metrics") && this.retry.mode.watch() == Watch::Metrics {
             this.retry.count_attempt(number);
         }
         let attempt = this.attempt;
@@ -1034,7 +1069,6 @@ where
         } else {
             attempt::Learned::Start(learned.started())
         };
-        this.retry.number = number;
         let classified = match &polled {
             Poll::Ready(Ok(value)) => Some(ok_verdict(this.on_ok, value)),
             _ => None,
@@ -1044,13 +1078,16 @@ where
                 if let (Some(epoch), Some(breaker)) = (closed, this.guard.breaker()) {
                     breaker.closed_succeeded(epoch);
                 }
-                // The state was `Admit` (checked on the way in, and nothing else can change it),
-                // which holds nothing to drop: it is overwritten without a check.
-                core::mem::forget(core::mem::replace(this.state, State::Done));
+                // The state stays `Admit`, which holds nothing to drop, and the call's count of
+                // attempts stays as it was: the loop breaks with this value and drops the call
+                // (a round polled again after it resolved polls its finished attempt, which
+                // panics as any finished `async` block does).
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
             // What the attempt learned of its start is read before anything else polls.
-            (polled, classified) => self.went_on(cx, polled, classified, closed, learned.started()),
+            (polled, classified) => {
+                self.went_on(cx, number, polled, classified, closed, learned.started())
+            }
         }
     }
 }
@@ -1087,19 +1124,22 @@ where
     }
 
     /// The inline path's outcome when it is not an accepted `Ok` (`classified`: what `on_ok`
-    /// said of an `Ok`), or its attempt pending: the round goes on from it with the permit of
-    /// the closed breaker's epoch `closed` and the `started` it learned.
+    /// said of an `Ok`), or its attempt pending: the round goes on from it, attempt `number`
+    /// now counted, with the permit of the closed breaker's epoch `closed` and the `started` it
+    /// learned.
     #[cold]
     #[inline(never)]
     fn went_on(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
+        number: u32,
         polled: Poll<Result<T, E>>,
         classified: Option<Verdict>,
         closed: Option<u32>,
         started: Option<Instant>,
     ) -> Poll<ControlFlow<Result<T, E>>> {
         let (mut this, _) = self.as_mut().parts();
+        this.retry.number = number;
         this.retry.next_attempt_starts(started);
         *this.state = State::Run { cut: Origin::Body };
         if let Some(slot) = this.guard.as_mut().closed() {
@@ -1600,15 +1640,32 @@ mod tests {
     #[test]
     fn a_call_with_a_time_limit_is_not_lean() {
         let limited = ZERO.timeout(Duration::from_secs(1));
-        assert!(!Retry::new(&Spec::named("job", &limited)).lean);
+        assert!(!Retry::new(&Spec::named("job", &limited)).mode.lean());
         let budgeted = ZERO.budget(Duration::from_secs(1));
-        assert!(!Retry::new(&Spec::named("job", &budgeted)).lean);
+        assert!(!Retry::new(&Spec::named("job", &budgeted)).mode.lean());
         let spec = Spec::named("job", &ZERO);
         let plain = Retry::new(&spec);
         assert_eq!(
-            plain.lean,
-            matches!(plain.watch, Watch::Nobody | Watch::Metrics)
+            plain.mode.lean(),
+            matches!(plain.watch(), Watch::Nobody | Watch::Metrics)
         );
+        // Every watch, timed or not, reads back as itself; only an untimed one nobody but
+        // `metrics` watches is lean.
+        for watch in [
+            Watch::Nobody,
+            Watch::Observers,
+            Watch::Metrics,
+            Watch::Integrations,
+        ] {
+            for untimed in [true, false] {
+                let mode = Mode::new(watch, untimed);
+                assert!(mode.watch() == watch);
+                assert_eq!(
+                    mode.lean(),
+                    untimed && matches!(watch, Watch::Nobody | Watch::Metrics)
+                );
+            }
+        }
     }
 
     // The tests below hold on either path of `Round::poll`: the inline one (a call nobody watches,
