@@ -337,4 +337,68 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
         errors[0].message
     );
     assert!(errors[0].message.contains("queue unreachable"));
+    // The letter itself is in the line, as JSON, so that it can still be read back.
+    let json = errors[0]
+        .message
+        .split_once("the letter: ")
+        .expect("the letter in the line")
+        .1;
+    let letter: jobguard::DeadLetter = serde_json::from_str(json).expect("the letter as JSON");
+    assert_eq!(letter.job, "tracing::decline");
+    assert_eq!(letter.reason, jobguard::GiveUp::Permanent);
+    assert_eq!(letter.error, "card declined");
+}
+
+#[jobguard::idempotent(key = order, scope = "tests.tracing.poisoned", lease = "5s", crashes = 1)]
+async fn poisoned(order: &str) -> Result<u64, jobguard::Error> {
+    Ok(order.len() as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_letter_the_sink_did_not_take_is_logged_whole() {
+    use jobguard::{ClaimOptions, Claimed, Store, StoreKey};
+    let (events, _guard) = capture();
+    let store = MemoryStore::new();
+    let sink = jobguard::dead_letter::from_fn(|_letter| async {
+        Err(jobguard::Error::Store("queue unreachable".into()))
+    });
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(sink)
+        .build();
+    // A worker claims the key and dies: its lease lapses, and the next claim counts the crash.
+    let key = StoreKey {
+        scope: "tests.tracing.poisoned",
+        key: "order-9",
+    };
+    let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
+    assert!(matches!(
+        store.claim_with(key, "dead worker", options).await,
+        Ok(Claimed::Acquired { .. })
+    ));
+    tokio::time::advance(Duration::from_secs(5)).await;
+
+    let result = runtime.scope(poisoned("order-9")).await;
+    assert_eq!(result, Err(jobguard::Error::Poisoned { crashes: 1 }));
+    // Refused for good, and the store reports the first refusal only once: the log line is the
+    // letter's one record.
+    assert_eq!(
+        runtime.scope(poisoned("order-9")).await,
+        Err(jobguard::Error::Poisoned { crashes: 1 })
+    );
+    let lost: Vec<_> = events
+        .events()
+        .into_iter()
+        .filter(|e| e.level == Level::ERROR && e.message.contains("dead letter was lost"))
+        .collect();
+    assert_eq!(lost.len(), 1, "{lost:#?}");
+    let json = lost[0]
+        .message
+        .split_once("the letter: ")
+        .expect("the letter in the line")
+        .1;
+    let letter: jobguard::DeadLetter = serde_json::from_str(json).expect("the letter as JSON");
+    assert_eq!(letter.job, "tests.tracing.poisoned");
+    assert_eq!(letter.key.as_deref(), Some("order-9"));
+    assert_eq!(letter.reason, jobguard::GiveUp::Crashed);
 }

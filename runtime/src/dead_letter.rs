@@ -294,10 +294,15 @@ impl DeadLetterSink for LogDeadLetters {
     }
 }
 
-/// Logs that the letter of `job`'s give-up for `reason` did not reach its sink: the one line the
-/// retry engine and the idempotency guard write for a lost letter.
-pub(crate) fn letter_lost(job: &str, reason: GiveUp, error: &dyn Display) {
+/// Logs that `letter` did not reach its sink, with the letter itself as JSON (its payload too),
+/// so that an operator can still redrive the job from the log: the one line the retry engine and
+/// the idempotency guard write for a lost letter.
+#[cold]
+pub(crate) fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
+    let json =
+        serde_json::to_string(letter).unwrap_or_else(|e| format!("(not JSON: {e}) {letter:?}"));
     crate::observe::log_error(format_args!(
-        "jobguard: job {job} gave up ({reason}) but its dead letter was lost: {error}"
+        "jobguard: job {} gave up ({}) but its dead letter was lost: {error}; the letter: {json}",
+        letter.job, letter.reason
     ));
 }

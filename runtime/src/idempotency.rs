@@ -297,8 +297,11 @@ impl<'a> Idempotent<'a> {
         .with_history(vec![error.to_string()]);
         runtime.emit(&Event::DeadLetter(&letter));
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
+        // The store reports a poisoned key's first refusal once: a letter the sink did not take
+        // is written to the log whole, or nothing would record it.
+        let kept = letter.clone();
         if let Err(e) = sink.send(letter).await {
-            crate::dead_letter::letter_lost(self.name, GiveUp::Crashed, &e);
+            crate::dead_letter::letter_lost(&kept, &e);
         }
     }
 

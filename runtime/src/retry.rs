@@ -706,7 +706,8 @@ impl<'a> Retry<'a> {
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
-        let job = self.spec.job;
+        // A copy for the log, should the sink fail: the letter is not lost with it.
+        let kept = letter.clone();
         let send = match self.spec.sink {
             Some(sink) => sink.send(letter),
             None => {
@@ -719,7 +720,7 @@ impl<'a> Retry<'a> {
         let sending = async move {
             match send.await {
                 Ok(()) => Delivery::settle(),
-                Err(e) => crate::dead_letter::letter_lost(job, reason, &e),
+                Err(e) => crate::dead_letter::letter_lost(&kept, &e),
             }
         };
         #[cfg(feature = "tracing")]
