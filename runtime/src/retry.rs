@@ -356,6 +356,11 @@ impl<'a> Retry<'a> {
         V: Into<Verdict>,
         E: Describe,
     {
+        debug_assert!(
+            self.spec.untimed,
+            "an unguarded round cannot cut its attempt: a policy with a timeout or budget takes \
+             `attempt_guarded`"
+        );
         Round::new(self, attempt, on_err, Unguarded)
     }
 
@@ -375,6 +380,11 @@ impl<'a> Retry<'a> {
         V: Into<Verdict>,
         E: FromJobguard + Describe,
     {
+        debug_assert!(
+            self.spec.untimed,
+            "a breaker-only round cannot cut its attempt: a policy with a timeout or budget takes \
+             `attempt_guarded`"
+        );
         Round::new(self, attempt, on_err, Permitted::new(Some(breaker)))
     }
 
