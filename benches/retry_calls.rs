@@ -7,7 +7,8 @@
 //! valgrind --tool=callgrind target/release/deps/retry_calls-* CONTENDER CALLS
 //! ```
 //!
-//! `CONTENDER` is `bare`, `retry` or `breaker`: the success path of the same `async fn` as
+//! `CONTENDER` is `bare`, `retry`, `breaker` or `floor` (the least a wrapper that keeps
+//! `attempt()` and a once-per-call observation check can cost; see [`floor`]): the success path of the same `async fn` as
 //! `benches/retry.rs` measures; `bare-call`, `tokio-retry`, `policy-run` and `backon` are that
 //! bench's "bare call", tokio-retry, `Policy::run` and backon lines, as it writes them. Each
 //! contender runs in a loop of its own.
@@ -43,6 +44,67 @@ macro_rules! calls {
     }};
 }
 
+/// The floor of any wrapper that keeps what `#[retry]`'s success path must do, with nothing
+/// else: one load of a process-wide "is anyone observing" flag, decided once per call, and the
+/// attempt's number in a thread-local word for `attempt()` to read during each poll of the body
+/// (set before, the outer value put back after), then the `Ok` handed straight out. Not a retry
+/// (an `Err` is returned as it is): a measure of what is left for the engine, not a contender.
+mod floor {
+    use std::cell::Cell;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll};
+
+    pub static OBSERVED: AtomicBool = AtomicBool::new(false);
+
+    thread_local! {
+        static CURRENT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pin_project_lite::pin_project! {
+        /// `body` as attempt 1 of a call nobody observes.
+        pub struct First<F> {
+            observed: bool,
+            #[pin]
+            body: F,
+        }
+    }
+
+    /// `body` as attempt 1, the observation decided now.
+    #[inline]
+    pub fn run<F>(body: F) -> First<F> {
+        First {
+            observed: OBSERVED.load(Ordering::Relaxed),
+            body,
+        }
+    }
+
+    impl<T, E, F: Future<Output = Result<T, E>>> Future for First<F> {
+        /// `None` when someone observes (the engine's slow path would take the call).
+        type Output = Option<Result<T, E>>;
+
+        #[inline]
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let this = self.project();
+            if *this.observed {
+                return Poll::Ready(None);
+            }
+            let outer = CURRENT.replace(1);
+            let polled = this.body.poll(cx);
+            CURRENT.set(outer);
+            polled.map(Some)
+        }
+    }
+}
+
+async fn answer_floor(n: u64) -> Result<u64, io::Error> {
+    match floor::run(async { Ok(black_box(n) + 1) }).await {
+        Some(done) => done,
+        None => Err(io::ErrorKind::Other.into()),
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let contender = args.next().unwrap_or_else(|| "retry".to_owned());
@@ -63,6 +125,7 @@ fn main() {
             "policy-run" => calls!(answer_policy_run, calls),
             "backon" => calls!(answer_backon, calls),
             "retry" => calls!(answer_retry, calls),
+            "floor" => calls!(answer_floor, calls),
             other => panic!(
                 "no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker, policy-run, \
                  backon"
