@@ -58,12 +58,13 @@ async fn slow(order_id: &str, gate: &Notify) -> Result<u64, GatewayError> {
     Ok(1)
 }
 
-static GATEWAY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30)).named("gateway");
-
 /// Runs the scenario with `recorder` as this thread's recorder.
 async fn scenario(recorder: &PrometheusRecorder) {
     let _local = metrics::set_default_local_recorder(recorder);
     jobguard::observe::metrics::describe();
+    // A breaker of this run's own: its transitions are raised only when its state changes, so
+    // two tests tripping and resetting one shared breaker at once would each see only some.
+    let gateway = CircuitBreaker::new(3, Duration::from_secs(30)).named("gateway");
     let letters = MemoryDeadLetters::with_capacity(1);
     let runtime = Runtime::builder()
         .store(MemoryStore::new())
@@ -93,8 +94,8 @@ async fn scenario(recorder: &PrometheusRecorder) {
                 Err(GatewayError::Jobguard(jobguard::Error::InProgress))
             ));
             // The breaker opens, then closes.
-            GATEWAY.trip();
-            GATEWAY.reset();
+            gateway.trip();
+            gateway.reset();
         })
         .await;
     assert_eq!(letters.dropped(), 1);
