@@ -1050,6 +1050,17 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         }
         v[0] ^= m;
     }
+    /// Compresses the whole words of `bytes`, read straight from it, never through a buffer
+    /// just written (whose bytes the processor would have to forward to a wider load), and
+    /// returns the bytes left over: fewer than 8.
+    #[inline(always)]
+    fn compress_words<'a, const C: usize>(v: &mut [u64; 4], bytes: &'a [u8]) -> &'a [u8] {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            compress::<C>(v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+        }
+        words.remainder()
+    }
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
         k1 ^ 0x646f_7261_6e64_6f6d,
@@ -1058,17 +1069,8 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     ];
     let [a, mut b] = parts;
     let len = a.len() + b.len();
-    // Words are read straight from the parts, never through a buffer just written (whose bytes
-    // the processor would have to forward to a wider load).
-    let mut words = a.chunks_exact(8);
-    for word in &mut words {
-        compress::<C>(
-            &mut v,
-            u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-        );
-    }
     // The bytes of `a` left over, topped up from `b`: `ntail` bytes, little-endian, in `tail`.
-    let rest = words.remainder();
+    let rest = compress_words::<C>(&mut v, a);
     let mut ntail = rest.len();
     let mut tail = le_word(rest);
     if ntail > 0 {
@@ -1084,14 +1086,7 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     }
     // Once the word across the parts is whole, `b`'s own words (else `b` is spent).
     if ntail == 0 {
-        let mut words = b.chunks_exact(8);
-        for word in &mut words {
-            compress::<C>(
-                &mut v,
-                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-            );
-        }
-        tail = le_word(words.remainder());
+        tail = le_word(compress_words::<C>(&mut v, b));
     }
     compress::<C>(&mut v, tail | ((len as u64) << 56));
     v[2] ^= 0xff;
@@ -1101,19 +1096,20 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     v[0] ^ v[1] ^ v[2] ^ v[3]
 }
 
-/// Up to 8 bytes as a little-endian word, the missing high bytes zero.
+/// Fewer than 8 bytes as a little-endian word, the missing high bytes zero: the bytes a part
+/// has left after its whole words, or those of the next part that top them up to a word.
 #[inline(always)]
 fn le_word(bytes: &[u8]) -> u64 {
     let n = bytes.len();
+    debug_assert!(n < 8, "le_word of {n} bytes");
     let u32_at = |i: usize| {
         u64::from(u32::from_le_bytes(
             bytes[i..i + 4].try_into().unwrap_or([0; 4]),
         ))
     };
     match n {
-        8.. => u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])),
-        // Two 4-byte loads that overlap on the same bytes.
-        4..=7 => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
+        // Four to seven: two 4-byte loads that overlap on the same bytes.
+        4.. => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
         // The first, the middle and the last byte cover one to three bytes.
         1..=3 => {
             u64::from(bytes[0])
