@@ -896,7 +896,7 @@ impl Shard {
         if !self.make_room(limits, heap, true, now, tally) {
             self.expire_some(SWEEP_MORE, now, true, tally);
             if !self.make_room(limits, heap, true, now, tally) {
-                return Err(self.full(limits, now));
+                return Err(self.full_error(limits, now));
             }
         }
         self.insert(record, heap);
@@ -906,18 +906,22 @@ impl Shard {
         })
     }
 
-    /// The refusal of a claim this shard has no room for, in words.
+    /// The error that refuses a claim this shard has no room for: what fills the shard, in
+    /// words, from one pass over its table.
     #[cold]
-    fn full(&self, limits: &Limits, now: u64) -> Error {
-        let claims = self.table.iter().filter(|r| r.live_claim(now)).count();
-        let poisoned = self
-            .table
-            .iter()
-            .filter(|r| r.state == State::Poisoned && r.expires > now)
-            .count();
+    fn full_error(&self, limits: &Limits, now: u64) -> Error {
+        // Claims whose lease has not ended, and poisoned keys not yet expired (an expired one
+        // no longer refuses its key).
+        let (live_claims, poisoned) = self.table.iter().fold((0, 0), |(live, poisoned), r| {
+            let is_poisoned = r.state == State::Poisoned && r.expires > now;
+            (
+                live + usize::from(r.live_claim(now)),
+                poisoned + usize::from(is_poisoned),
+            )
+        });
         Error::Store(format!(
-            "memory store full: a shard's {} records ({claims} live claims, {poisoned} poisoned \
-             keys, the rest completed less than min_retention {:?} ago) fill its {} of {} \
+            "memory store full: a shard's {} records ({live_claims} live claims, {poisoned} \
+             poisoned keys, the rest completed less than min_retention {:?} ago) fill its {} of {} \
              bytes; nothing can be given up \
              without forgetting a job that may still be redelivered. Raise \
              MemoryStore::builder().max_bytes, lower min_retention, or use a shared store",
