@@ -310,6 +310,13 @@ impl Order {
         }
     }
 
+    /// Drops the entry [`Order::front`] returned, found stale.
+    #[inline(always)]
+    fn pop_stale(&mut self) {
+        self.pop_front();
+        self.stale = self.stale.saturating_sub(1);
+    }
+
     /// Appends `entry`, the youngest.
     #[inline(always)]
     fn push(&mut self, entry: Entry) {
@@ -341,7 +348,7 @@ impl Order {
                 return;
             };
             next += 1;
-            if holds(table, entry) {
+            if table.find(entry.hash, |r| r.holds(entry)).is_some() {
                 self.ring[kept] = entry;
                 kept += 1;
             } else {
@@ -350,13 +357,6 @@ impl Order {
         }
         self.compacting = Some((kept, next));
     }
-}
-
-/// Whether `entry`'s record is in `table` and still holds the entry's stamp.
-fn holds(table: &HashTable<Record>, entry: Entry) -> bool {
-    table
-        .find(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-        .is_some()
 }
 
 /// What a record holds.
@@ -493,6 +493,14 @@ impl Record {
     /// (given up early, its job would run, crash and be poisoned and dead-lettered again).
     fn ordered(&self) -> bool {
         matches!(self.state, State::Completed | State::Free)
+    }
+
+    /// Whether this record holds `entry`'s place in its order: it is still ordered, under the
+    /// entry's stamp. Stamps are unique within a shard, so of the records found by the entry's
+    /// hash at most one holds it.
+    #[inline(always)]
+    fn holds(&self, entry: Entry) -> bool {
+        self.ordered() && self.at == entry.stamp
     }
 
     fn heap(&self) -> usize {
@@ -649,18 +657,19 @@ impl Shard {
     /// Drops the oldest released key's record, else the oldest completed record if it expired
     /// or is older than `floor`. Stale entries at the front are dropped on the way (up to
     /// [`STALE_SKIP`] a call).
+    ///
+    /// The released keys' order is not walked with [`Shard::give_up_first`]: a history goes
+    /// whatever its age and is counted as expired, never evicted; and a call that finds only
+    /// stale entries there goes on to the completion order, where `give_up_first` would return
+    /// with those stale entries as all it dropped.
     fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
         for _ in 0..STALE_SKIP {
             let Some(entry) = self.freed.front() else {
                 break;
             };
-            self.freed.pop_front();
-            if self.remove_ordered(entry, tally) {
-                // A released key's history is given up quietly: no job's result is forgotten.
-                tally.expired += 1;
+            if self.pop_freed(entry, tally) {
                 return true;
             }
-            self.freed.stale = self.freed.stale.saturating_sub(1);
         }
         self.give_up_first(floor, now, tally)
     }
@@ -673,12 +682,8 @@ impl Shard {
             let Some(entry) = self.order.front() else {
                 return dropped;
             };
-            let Ok(found) = self
-                .table
-                .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-            else {
-                self.order.pop_front();
-                self.order.stale = self.order.stale.saturating_sub(1);
+            let Ok(found) = self.table.find_entry(entry.hash, |r| r.holds(entry)) else {
+                self.order.pop_stale();
                 dropped = true;
                 continue;
             };
@@ -688,8 +693,7 @@ impl Shard {
                 return dropped;
             }
             let (record, _) = found.remove();
-            self.heap -= record.heap();
-            tally.discard(record);
+            self.discard(record, tally);
             self.order.pop_front();
             if expired {
                 tally.expired += 1;
@@ -710,20 +714,27 @@ impl Shard {
         }
     }
 
-    /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
-    fn remove_ordered(&mut self, entry: Entry, tally: &mut Tally) -> bool {
-        match self
-            .table
-            .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-        {
-            Ok(found) => {
-                let (record, _) = found.remove();
-                self.heap -= record.heap();
-                tally.discard(record);
-                true
-            }
-            Err(_) => false,
-        }
+    /// Pops `entry`, the released keys' oldest (from [`Order::front`]), and drops the record
+    /// that holds it: a released key's history, given up quietly (no job's result is forgotten
+    /// with it), counted as expired. `false` when none holds it (a stale entry).
+    fn pop_freed(&mut self, entry: Entry, tally: &mut Tally) -> bool {
+        let Ok(found) = self.table.find_entry(entry.hash, |r| r.holds(entry)) else {
+            self.freed.pop_stale();
+            return false;
+        };
+        let (record, _) = found.remove();
+        self.discard(record, tally);
+        self.freed.pop_front();
+        tally.expired += 1;
+        true
+    }
+
+    /// Takes `record`, just removed from the table, off the shard's bytes, and hands it to
+    /// `tally` to be freed (see [`Tally::discard`]).
+    #[inline(always)]
+    fn discard(&mut self, record: Record, tally: &mut Tally) {
+        self.heap -= record.heap();
+        tally.discard(record);
     }
 
     /// The next stamp: unique and increasing, `now` when it can be.
@@ -749,17 +760,14 @@ impl Shard {
                 _ => break,
             }
         }
-        // Only the front entry itself, and only its own record: `give_up_oldest` would go past a
-        // stale front to a released key whose history has not expired.
+        // Only an expired front entry itself, and only its own record: `give_up_oldest` would
+        // go past a stale front to a released key whose history has not expired. (The loop
+        // above may go past stale entries: under a floor no age reaches, `give_up_first` drops
+        // only an expired record.)
         for _ in 0..EXPIRE_STEP {
             match self.freed.front() {
                 Some(entry) if entry.expires <= now => {
-                    self.freed.pop_front();
-                    if self.remove_ordered(entry, tally) {
-                        tally.expired += 1;
-                    } else {
-                        self.freed.stale = self.freed.stale.saturating_sub(1);
-                    }
+                    self.pop_freed(entry, tally);
                 }
                 _ => break,
             }
@@ -776,9 +784,8 @@ impl Shard {
                 let lapsed = pressed && record.state == State::Claimed && record.at <= now;
                 if record.expires <= now || lapsed {
                     let (record, _) = entry.remove();
-                    self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
-                    tally.discard(record);
+                    self.discard(record, tally);
                     tally.expired += 1;
                 } else {
                     self.pass_min = self.pass_min.min(record.expires);
