@@ -621,15 +621,28 @@ impl Shard {
         now: u64,
         tally: &mut Tally,
     ) -> bool {
+        self.give_up_until(limits, now, tally, |shard| shard.fits(limits, heap, adding))
+    }
+
+    /// Gives up records ([`Shard::give_up_oldest`]: never a completed one younger than the
+    /// floor), [`MAX_EVICTIONS`] at most, until `fits` holds. `false` when it does not.
+    #[inline(always)]
+    fn give_up_until(
+        &mut self,
+        limits: &Limits,
+        now: u64,
+        tally: &mut Tally,
+        fits: impl Fn(&Self) -> bool,
+    ) -> bool {
         for _ in 0..MAX_EVICTIONS {
-            if self.fits(limits, heap, adding) {
+            if fits(self) {
                 return true;
             }
             if !self.give_up_oldest(limits.min_retention, now, tally) {
                 return false;
             }
         }
-        self.fits(limits, heap, adding)
+        fits(self)
     }
 
     /// Appends `entry` to `order` (the completion order, else the released keys'), and moves
@@ -638,13 +651,10 @@ impl Shard {
     /// rather than grow.
     #[inline(always)]
     fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
-        for _ in 0..MAX_EVICTIONS {
-            if self.entry_fits(&op.limits, order)
-                || !self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
-            {
-                break;
-            }
-        }
+        // Appended whether or not room was made.
+        self.give_up_until(&op.limits, op.now, &mut op.tally, |shard| {
+            shard.entry_fits(&op.limits, order)
+        });
         let ring = if order {
             &mut self.order
         } else {
