@@ -310,6 +310,13 @@ impl Order {
         }
     }
 
+    /// Drops the entry [`Order::front`] returned, found stale.
+    #[inline(always)]
+    fn pop_stale(&mut self) {
+        self.pop_front();
+        self.stale = self.stale.saturating_sub(1);
+    }
+
     /// Appends `entry`, the youngest.
     #[inline(always)]
     fn push(&mut self, entry: Entry) {
@@ -341,7 +348,7 @@ impl Order {
                 return;
             };
             next += 1;
-            if holds(table, entry) {
+            if table.find(entry.hash, |r| r.holds(entry)).is_some() {
                 self.ring[kept] = entry;
                 kept += 1;
             } else {
@@ -350,13 +357,6 @@ impl Order {
         }
         self.compacting = Some((kept, next));
     }
-}
-
-/// Whether `entry`'s record is in `table` and still holds the entry's stamp.
-fn holds(table: &HashTable<Record>, entry: Entry) -> bool {
-    table
-        .find(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-        .is_some()
 }
 
 /// What a record holds.
@@ -495,6 +495,14 @@ impl Record {
         matches!(self.state, State::Completed | State::Free)
     }
 
+    /// Whether this record holds `entry`'s place in its order: it is still ordered, under the
+    /// entry's stamp. Stamps are unique within a shard, so of the records found by the entry's
+    /// hash at most one holds it.
+    #[inline(always)]
+    fn holds(&self, entry: Entry) -> bool {
+        self.ordered() && self.at == entry.stamp
+    }
+
     fn heap(&self) -> usize {
         heap_bytes(self.data.len())
     }
@@ -613,15 +621,28 @@ impl Shard {
         now: u64,
         tally: &mut Tally,
     ) -> bool {
+        self.give_up_until(limits, now, tally, |shard| shard.fits(limits, heap, adding))
+    }
+
+    /// Gives up records ([`Shard::give_up_oldest`]: never a completed one younger than the
+    /// floor), [`MAX_EVICTIONS`] at most, until `fits` holds. `false` when it does not.
+    #[inline(always)]
+    fn give_up_until(
+        &mut self,
+        limits: &Limits,
+        now: u64,
+        tally: &mut Tally,
+        fits: impl Fn(&Self) -> bool,
+    ) -> bool {
         for _ in 0..MAX_EVICTIONS {
-            if self.fits(limits, heap, adding) {
+            if fits(self) {
                 return true;
             }
             if !self.give_up_oldest(limits.min_retention, now, tally) {
                 return false;
             }
         }
-        self.fits(limits, heap, adding)
+        fits(self)
     }
 
     /// Appends `entry` to `order` (the completion order, else the released keys'), and moves
@@ -630,13 +651,10 @@ impl Shard {
     /// rather than grow.
     #[inline(always)]
     fn push_entry(&mut self, op: &mut Op<'_>, order: bool, entry: Entry) {
-        for _ in 0..MAX_EVICTIONS {
-            if self.entry_fits(&op.limits, order)
-                || !self.give_up_oldest(op.limits.min_retention, op.now, &mut op.tally)
-            {
-                break;
-            }
-        }
+        // Appended whether or not room was made.
+        self.give_up_until(&op.limits, op.now, &mut op.tally, |shard| {
+            shard.entry_fits(&op.limits, order)
+        });
         let ring = if order {
             &mut self.order
         } else {
@@ -649,18 +667,19 @@ impl Shard {
     /// Drops the oldest released key's record, else the oldest completed record if it expired
     /// or is older than `floor`. Stale entries at the front are dropped on the way (up to
     /// [`STALE_SKIP`] a call).
+    ///
+    /// The released keys' order is not walked with [`Shard::give_up_first`]: a history goes
+    /// whatever its age and is counted as expired, never evicted; and a call that finds only
+    /// stale entries there goes on to the completion order, where `give_up_first` would return
+    /// with those stale entries as all it dropped.
     fn give_up_oldest(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
         for _ in 0..STALE_SKIP {
             let Some(entry) = self.freed.front() else {
                 break;
             };
-            self.freed.pop_front();
-            if self.remove_ordered(entry, tally) {
-                // A released key's history is given up quietly: no job's result is forgotten.
-                tally.expired += 1;
+            if self.pop_freed(entry, tally) {
                 return true;
             }
-            self.freed.stale = self.freed.stale.saturating_sub(1);
         }
         self.give_up_first(floor, now, tally)
     }
@@ -673,12 +692,8 @@ impl Shard {
             let Some(entry) = self.order.front() else {
                 return dropped;
             };
-            let Ok(found) = self
-                .table
-                .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-            else {
-                self.order.pop_front();
-                self.order.stale = self.order.stale.saturating_sub(1);
+            let Ok(found) = self.table.find_entry(entry.hash, |r| r.holds(entry)) else {
+                self.order.pop_stale();
                 dropped = true;
                 continue;
             };
@@ -688,8 +703,7 @@ impl Shard {
                 return dropped;
             }
             let (record, _) = found.remove();
-            self.heap -= record.heap();
-            tally.discard(record);
+            self.discard(record, tally);
             self.order.pop_front();
             if expired {
                 tally.expired += 1;
@@ -710,20 +724,27 @@ impl Shard {
         }
     }
 
-    /// Removes the record that holds `entry`'s stamp; `false` when none does (a stale entry).
-    fn remove_ordered(&mut self, entry: Entry, tally: &mut Tally) -> bool {
-        match self
-            .table
-            .find_entry(entry.hash, |r| r.ordered() && r.at == entry.stamp)
-        {
-            Ok(found) => {
-                let (record, _) = found.remove();
-                self.heap -= record.heap();
-                tally.discard(record);
-                true
-            }
-            Err(_) => false,
-        }
+    /// Pops `entry`, the released keys' oldest (from [`Order::front`]), and drops the record
+    /// that holds it: a released key's history, given up quietly (no job's result is forgotten
+    /// with it), counted as expired. `false` when none holds it (a stale entry).
+    fn pop_freed(&mut self, entry: Entry, tally: &mut Tally) -> bool {
+        let Ok(found) = self.table.find_entry(entry.hash, |r| r.holds(entry)) else {
+            self.freed.pop_stale();
+            return false;
+        };
+        let (record, _) = found.remove();
+        self.discard(record, tally);
+        self.freed.pop_front();
+        tally.expired += 1;
+        true
+    }
+
+    /// Takes `record`, just removed from the table, off the shard's bytes, and hands it to
+    /// `tally` to be freed (see [`Tally::discard`]).
+    #[inline(always)]
+    fn discard(&mut self, record: Record, tally: &mut Tally) {
+        self.heap -= record.heap();
+        tally.discard(record);
     }
 
     /// The next stamp: unique and increasing, `now` when it can be.
@@ -749,17 +770,14 @@ impl Shard {
                 _ => break,
             }
         }
-        // Only the front entry itself, and only its own record: `give_up_oldest` would go past a
-        // stale front to a released key whose history has not expired.
+        // Only an expired front entry itself, and only its own record: `give_up_oldest` would
+        // go past a stale front to a released key whose history has not expired. (The loop
+        // above may go past stale entries: under a floor no age reaches, `give_up_first` drops
+        // only an expired record.)
         for _ in 0..EXPIRE_STEP {
             match self.freed.front() {
                 Some(entry) if entry.expires <= now => {
-                    self.freed.pop_front();
-                    if self.remove_ordered(entry, tally) {
-                        tally.expired += 1;
-                    } else {
-                        self.freed.stale = self.freed.stale.saturating_sub(1);
-                    }
+                    self.pop_freed(entry, tally);
                 }
                 _ => break,
             }
@@ -776,9 +794,8 @@ impl Shard {
                 let lapsed = pressed && record.state == State::Claimed && record.at <= now;
                 if record.expires <= now || lapsed {
                     let (record, _) = entry.remove();
-                    self.heap -= record.heap();
                     Self::unorder(&mut self.order, &mut self.freed, record.state);
-                    tally.discard(record);
+                    self.discard(record, tally);
                     tally.expired += 1;
                 } else {
                     self.pass_min = self.pass_min.min(record.expires);
@@ -896,7 +913,7 @@ impl Shard {
         if !self.make_room(limits, heap, true, now, tally) {
             self.expire_some(SWEEP_MORE, now, true, tally);
             if !self.make_room(limits, heap, true, now, tally) {
-                return Err(self.full(limits, now));
+                return Err(self.full_error(limits, now));
             }
         }
         self.insert(record, heap);
@@ -906,18 +923,22 @@ impl Shard {
         })
     }
 
-    /// The refusal of a claim this shard has no room for, in words.
+    /// The error that refuses a claim this shard has no room for: what fills the shard, in
+    /// words, from one pass over its table.
     #[cold]
-    fn full(&self, limits: &Limits, now: u64) -> Error {
-        let claims = self.table.iter().filter(|r| r.live_claim(now)).count();
-        let poisoned = self
-            .table
-            .iter()
-            .filter(|r| r.state == State::Poisoned && r.expires > now)
-            .count();
+    fn full_error(&self, limits: &Limits, now: u64) -> Error {
+        // Claims whose lease has not ended, and poisoned keys not yet expired (an expired one
+        // no longer refuses its key).
+        let (live_claims, poisoned) = self.table.iter().fold((0, 0), |(live, poisoned), r| {
+            let is_poisoned = r.state == State::Poisoned && r.expires > now;
+            (
+                live + usize::from(r.live_claim(now)),
+                poisoned + usize::from(is_poisoned),
+            )
+        });
         Error::Store(format!(
-            "memory store full: a shard's {} records ({claims} live claims, {poisoned} poisoned \
-             keys, the rest completed less than min_retention {:?} ago) fill its {} of {} \
+            "memory store full: a shard's {} records ({live_claims} live claims, {poisoned} \
+             poisoned keys, the rest completed less than min_retention {:?} ago) fill its {} of {} \
              bytes; nothing can be given up \
              without forgetting a job that may still be redelivered. Raise \
              MemoryStore::builder().max_bytes, lower min_retention, or use a shared store",
@@ -1050,6 +1071,17 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
         }
         v[0] ^= m;
     }
+    /// Compresses the whole words of `bytes`, read straight from it, never through a buffer
+    /// just written (whose bytes the processor would have to forward to a wider load), and
+    /// returns the bytes left over: fewer than 8.
+    #[inline(always)]
+    fn compress_words<'a, const C: usize>(v: &mut [u64; 4], bytes: &'a [u8]) -> &'a [u8] {
+        let mut words = bytes.chunks_exact(8);
+        for word in &mut words {
+            compress::<C>(v, u64::from_le_bytes(word.try_into().unwrap_or([0; 8])));
+        }
+        words.remainder()
+    }
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
         k1 ^ 0x646f_7261_6e64_6f6d,
@@ -1058,17 +1090,8 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     ];
     let [a, mut b] = parts;
     let len = a.len() + b.len();
-    // Words are read straight from the parts, never through a buffer just written (whose bytes
-    // the processor would have to forward to a wider load).
-    let mut words = a.chunks_exact(8);
-    for word in &mut words {
-        compress::<C>(
-            &mut v,
-            u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-        );
-    }
     // The bytes of `a` left over, topped up from `b`: `ntail` bytes, little-endian, in `tail`.
-    let rest = words.remainder();
+    let rest = compress_words::<C>(&mut v, a);
     let mut ntail = rest.len();
     let mut tail = le_word(rest);
     if ntail > 0 {
@@ -1084,14 +1107,7 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     }
     // Once the word across the parts is whole, `b`'s own words (else `b` is spent).
     if ntail == 0 {
-        let mut words = b.chunks_exact(8);
-        for word in &mut words {
-            compress::<C>(
-                &mut v,
-                u64::from_le_bytes(word.try_into().unwrap_or([0; 8])),
-            );
-        }
-        tail = le_word(words.remainder());
+        tail = le_word(compress_words::<C>(&mut v, b));
     }
     compress::<C>(&mut v, tail | ((len as u64) << 56));
     v[2] ^= 0xff;
@@ -1101,19 +1117,20 @@ fn siphash<const C: usize, const D: usize>(k0: u64, k1: u64, parts: [&[u8]; 2]) 
     v[0] ^ v[1] ^ v[2] ^ v[3]
 }
 
-/// Up to 8 bytes as a little-endian word, the missing high bytes zero.
+/// Fewer than 8 bytes as a little-endian word, the missing high bytes zero: the bytes a part
+/// has left after its whole words, or those of the next part that top them up to a word.
 #[inline(always)]
 fn le_word(bytes: &[u8]) -> u64 {
     let n = bytes.len();
+    debug_assert!(n < 8, "le_word of {n} bytes");
     let u32_at = |i: usize| {
         u64::from(u32::from_le_bytes(
             bytes[i..i + 4].try_into().unwrap_or([0; 4]),
         ))
     };
     match n {
-        8.. => u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])),
-        // Two 4-byte loads that overlap on the same bytes.
-        4..=7 => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
+        // Four to seven: two 4-byte loads that overlap on the same bytes.
+        4.. => u32_at(0) | (u32_at(n - 4) << (8 * (n - 4))),
         // The first, the middle and the last byte cover one to three bytes.
         1..=3 => {
             u64::from(bytes[0])
