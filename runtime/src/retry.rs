@@ -1089,10 +1089,11 @@ where
                 if let (Some(epoch), Some(breaker)) = (closed, this.guard.breaker()) {
                     breaker.closed_succeeded(epoch);
                 }
-                // The state stays `Admit`, which holds nothing to drop, and the call's count of
-                // attempts stays as it was: the loop breaks with this value and drops the call
-                // (a round polled again after it resolved polls its finished attempt, which
-                // panics as any finished `async` block does).
+                // The state was `Admit` (checked on the way in, and nothing else can change it),
+                // which holds nothing to drop: it is overwritten without a check, so that a round
+                // polled again after it resolved panics rather than admit another attempt. The
+                // call's count of attempts stays as it was: the loop breaks with this value.
+                core::mem::forget(core::mem::replace(this.state, State::Done));
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
             // What the attempt learned of its start is read before anything else polls.
@@ -1647,6 +1648,31 @@ mod tests {
         .base(Duration::ZERO)
         .cap(Duration::ZERO)
         .jitter(Jitter::None);
+
+    #[test]
+    fn a_round_polled_again_after_it_resolved_panics_and_admits_nothing() {
+        let spec = Spec::named("job", &ZERO);
+        let breaker = CircuitBreaker::new(5, Duration::from_secs(30));
+        let mut retry = Retry::new(&spec);
+        let mut round = std::pin::pin!(retry.attempt_permitted(
+            &breaker,
+            async { Ok::<u32, Error>(7) },
+            |_: &Error| Verdict::Retry
+        ));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(matches!(
+            round.as_mut().poll(&mut cx),
+            Poll::Ready(ControlFlow::Break(Ok(7)))
+        ));
+        // Whichever path took it (inline when nobody watches), a resolved round is done: polled
+        // again, it panics rather than ask the breaker again (open now: that would be a refusal,
+        // a give-up and a dead letter for a call that succeeded).
+        breaker.trip();
+        let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = round.as_mut().poll(&mut cx);
+        }));
+        assert!(again.is_err());
+    }
 
     #[test]
     fn a_call_with_a_time_limit_is_not_lean() {

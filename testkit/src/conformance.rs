@@ -601,8 +601,11 @@ pub async fn race<S: Store + Clone + 'static>(store: &S, tag: &str) -> Vec<(Stri
                     .await;
                 if i == 0 {
                     // Before any panic below, so that a failed first claim fails the check
-                    // rather than leave the other tasks waiting here.
-                    started.wait().await;
+                    // rather than leave the other tasks waiting here; with a deadline, so that
+                    // a claim that panicked inside the store cannot leave them waiting forever.
+                    tokio::time::timeout(Duration::from_secs(60), started.wait())
+                        .await
+                        .expect("every claimer made its first claim");
                 }
                 match claimed {
                     Ok(Claim::Acquired) => won.push((token.clone(), k)),
