@@ -309,6 +309,14 @@ async fn breaker_transitions_are_events_warning_when_it_opens() {
     );
 }
 
+/// The letter a "dead letter was lost" line carries, read back from its JSON.
+fn lost_letter(message: &str) -> jobguard::DeadLetter {
+    let (_, json) = message
+        .split_once("the letter: ")
+        .expect("the letter in the line");
+    serde_json::from_str(json).expect("the letter as JSON")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lost_dead_letter_is_reported_at_error_level() {
     let (events, _guard) = capture();
@@ -338,12 +346,7 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
     );
     assert!(errors[0].message.contains("queue unreachable"));
     // The letter itself is in the line, as JSON, so that it can still be read back.
-    let json = errors[0]
-        .message
-        .split_once("the letter: ")
-        .expect("the letter in the line")
-        .1;
-    let letter: jobguard::DeadLetter = serde_json::from_str(json).expect("the letter as JSON");
+    let letter = lost_letter(&errors[0].message);
     assert_eq!(letter.job, "tracing::decline");
     assert_eq!(letter.reason, jobguard::GiveUp::Permanent);
     assert_eq!(letter.error, "card declined");
@@ -392,12 +395,7 @@ async fn a_crash_letter_the_sink_did_not_take_is_logged_whole() {
         .filter(|e| e.level == Level::ERROR && e.message.contains("dead letter was lost"))
         .collect();
     assert_eq!(lost.len(), 1, "{lost:#?}");
-    let json = lost[0]
-        .message
-        .split_once("the letter: ")
-        .expect("the letter in the line")
-        .1;
-    let letter: jobguard::DeadLetter = serde_json::from_str(json).expect("the letter as JSON");
+    let letter = lost_letter(&lost[0].message);
     assert_eq!(letter.job, "tests.tracing.poisoned");
     assert_eq!(letter.key.as_deref(), Some("order-9"));
     assert_eq!(letter.reason, jobguard::GiveUp::Crashed);
