@@ -114,6 +114,7 @@ macro_rules! __conformance_checks {
             an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poisoned,
             a_crash_limit_of_zero_never_poisons,
             a_poisoned_key_is_refused_for_its_ttl,
+            a_lookup_reads_only_a_completed_record_and_claims_nothing,
         );
     };
 }
@@ -157,6 +158,60 @@ fn key(key: &str) -> StoreKey<'_> {
     StoreKey {
         scope: "tests.conformance",
         key,
+    }
+}
+
+/// `lookup` answers a completed record's result (with or without a fingerprint, binary bytes
+/// unchanged) and `None` for a key that is free, claimed or released; it claims nothing: a
+/// claim it looked at stays in progress, and the next claim of a released key is numbered as if
+/// no lookup had happened.
+pub async fn a_lookup_reads_only_a_completed_record_and_claims_nothing<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("looked-up");
+    assert_eq!(store.lookup(k).await, Ok(None), "a free key");
+    let Ok(Claimed::Acquired { generation, .. }) =
+        store.claim_with(k, "t1", ClaimOptions::new(LONG)).await
+    else {
+        panic!("the first claim acquires");
+    };
+    assert_eq!(store.lookup(k).await, Ok(None), "a claimed key");
+    assert!(matches!(
+        store.claim(k, "t2", None, LONG).await,
+        Ok(Claim::InProgress { .. })
+    ));
+    let record = b"\x00{\"ok\":1}\xff:n";
+    store.complete(k, "t1", record, DAY).await.unwrap();
+    assert_eq!(store.lookup(k).await, Ok(Some(record.to_vec())));
+    assert_eq!(
+        store.claim(k, "t2", None, LONG).await,
+        Ok(Claim::Completed(record.to_vec()))
+    );
+
+    // With a fingerprint kept beside the result.
+    let f = key("looked-up-fp");
+    assert_eq!(
+        store.claim(f, "t1", Some("fp:12"), LONG).await,
+        Ok(Claim::Acquired)
+    );
+    store.complete(f, "t1", b"r", DAY).await.unwrap();
+    assert_eq!(store.lookup(f).await, Ok(Some(b"r".to_vec())));
+
+    // A released key: nothing to read, and the lookup took no claim of its own.
+    let r = key("looked-up-released");
+    let Ok(Claimed::Acquired { generation: g1, .. }) =
+        store.claim_with(r, "t1", ClaimOptions::new(LONG)).await
+    else {
+        panic!("the first claim acquires");
+    };
+    store.release(r, "t1").await.unwrap();
+    assert_eq!(store.lookup(r).await, Ok(None), "a released key");
+    let Ok(Claimed::Acquired { generation: g2, .. }) =
+        store.claim_with(r, "t3", ClaimOptions::new(LONG)).await
+    else {
+        panic!("a released key is claimed again");
+    };
+    if generation > 0 {
+        assert_eq!(g2, g1 + 1, "the lookup was not a claim");
     }
 }
 

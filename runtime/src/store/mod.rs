@@ -233,6 +233,21 @@ pub trait Store: Send + Sync {
         token: &'a str,
         lease: Duration,
     ) -> StoreFuture<'a, ()>;
+
+    /// The record `key`'s job completed with (what a replay would return), read without claiming,
+    /// renewing or releasing anything: `None` when the key is free, claimed, released or
+    /// poisoned, or its record expired. For a dashboard or a status endpoint, which must not
+    /// hold a key a delivery may be claiming at the same moment.
+    ///
+    /// The stores of this crate implement it; a store of your own that does not fails with
+    /// [`Error::Store`](crate::Error::Store) saying so.
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(crate::Error::Store(
+            "this store cannot read a key without claiming it (Store::lookup is not implemented)"
+                .into(),
+        ))))
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -273,6 +288,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     ) -> StoreFuture<'a, ()> {
         (**self).renew(key, token, lease)
     }
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        (**self).lookup(key)
+    }
 }
 
 impl<S: Store + ?Sized> Store for &S {
@@ -312,6 +330,9 @@ impl<S: Store + ?Sized> Store for &S {
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
         (**self).renew(key, token, lease)
+    }
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        (**self).lookup(key)
     }
 }
 

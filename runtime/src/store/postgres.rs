@@ -503,6 +503,12 @@ fn store_error(what: &str, e: &sqlx::Error) -> Error {
     Error::Store(format!("{what}: {e}"))
 }
 
+// $1 scope, $2 key: the result of a completed row that has not expired (as a claim would
+// replay it), and no row otherwise.
+const LOOKUP: &str = "SELECT result FROM jobguard_keys \
+     WHERE scope = $1 AND key = $2 AND token IS NULL AND result IS NOT NULL \
+       AND expires_at > now()";
+
 // The crash count of a row that a claim takes over: none left when the row expired, one more
 // when it held a claim (whose lease lapsed: abandoned), the same when it was released.
 const CRASHES_AFTER: &str = "(CASE WHEN k.expires_at <= now() THEN 0 \
@@ -659,6 +665,20 @@ impl Store for PgStore {
                 .if_held(RENEW, key, token, |q| q.bind(micros(lease)), "renew failed")
                 .await?;
             if held { Ok(()) } else { Err(Error::LeaseLost) }
+        })
+    }
+
+    /// One `SELECT` of the row's result, if it is a completed one that has not expired.
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let row: Option<(Vec<u8>,)> = sqlx::query_as(LOOKUP)
+                .bind(&*scope)
+                .bind(&*stored)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| store_error("lookup failed", &e))?;
+            Ok(row.map(|(result,)| result))
         })
     }
 }

@@ -556,6 +556,9 @@ fn is_redirection(error: &redis::RedisError) -> bool {
 /// The start of a claimed record; a claim's token follows it.
 const CLAIMED: &str = "jg2/c";
 
+/// The start of a completed record; the fingerprint's field and the result follow it.
+const COMPLETED: &str = "jg1/d";
+
 /// A variable-length field of a record: `<length>:<bytes>`, or `n` for none. The encoding is
 /// prefix-free, so a record starts with `jg2/c` and a token's field exactly when it is that
 /// token's claim.
@@ -856,6 +859,39 @@ impl Store for RedisStore {
             }
         })
     }
+
+    /// One `GET`: only a completed record (`jg1/d`) answers with its result.
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let value: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(Self::redis_key(key))
+                .query_async(&mut self.connection.clone())
+                .await
+                .map_err(|e| store_error("lookup failed", &e))?;
+            value.map_or(Ok(None), |value| completed_result(&value))
+        })
+    }
+}
+
+/// The result a record holds when it is a completed one (`jg1/d`, its fingerprint's field, then
+/// the result to the end); `None` for any other state.
+fn completed_result(value: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    let Some(rest) = value.strip_prefix(COMPLETED.as_bytes()) else {
+        return Ok(None);
+    };
+    let corrupt = || Error::Corrupt("a completed record's fingerprint field is malformed".into());
+    let result = match rest.strip_prefix(b"n") {
+        Some(result) => result,
+        None => {
+            let colon = rest.iter().position(|&b| b == b':').ok_or_else(corrupt)?;
+            let len: usize = std::str::from_utf8(&rest[..colon])
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(corrupt)?;
+            rest.get(colon + 1 + len..).ok_or_else(corrupt)?
+        }
+    };
+    Ok(Some(result.to_vec()))
 }
 
 impl Transient for redis::RedisError {
@@ -903,6 +939,24 @@ mod tests {
 
     fn rk(scope: &str, key: &str) -> String {
         RedisStore::redis_key(StoreKey { scope, key })
+    }
+
+    #[test]
+    fn a_lookup_reads_the_result_of_a_completed_record_only() {
+        assert_eq!(completed_result(b"jg1/dnabc"), Ok(Some(b"abc".to_vec())));
+        assert_eq!(
+            completed_result(b"jg1/d5:fp:12{\"ok\":1}"),
+            Ok(Some(b"{\"ok\":1}".to_vec()))
+        );
+        assert_eq!(completed_result(b"jg1/dn"), Ok(Some(Vec::new())));
+        assert_eq!(completed_result(b"jg2/c5:tok-1n1:0:17"), Ok(None));
+        assert_eq!(completed_result(b"jg2/f1:0"), Ok(None));
+        for malformed in [&b"jg1/d"[..], b"jg1/d9:short", b"jg1/dx:ab", b"jg1/d3"] {
+            assert!(
+                matches!(completed_result(malformed), Err(Error::Corrupt(_))),
+                "{malformed:?}"
+            );
+        }
     }
 
     #[test]
