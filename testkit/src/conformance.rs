@@ -196,6 +196,12 @@ pub async fn a_lookup_reads_only_a_completed_record_and_claims_nothing<B: Backen
     store.complete(f, "t1", b"r", DAY).await.unwrap();
     assert_eq!(store.lookup(f).await, Ok(Some(b"r".to_vec())));
 
+    // An empty result is a result.
+    let e = key("looked-up-empty");
+    assert_eq!(store.claim(e, "t1", None, LONG).await, Ok(Claim::Acquired));
+    store.complete(e, "t1", b"", DAY).await.unwrap();
+    assert_eq!(store.lookup(e).await, Ok(Some(Vec::new())));
+
     // A released key: nothing to read, and the lookup took no claim of its own.
     let r = key("looked-up-released");
     let Ok(Claimed::Acquired { generation: g1, .. }) =
@@ -908,6 +914,12 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
     for ((what, mut cmd), name) in cases.into_iter().zip(names) {
         raw(&mut cmd).await;
         let k = key(name);
+        // A lookup never reads a result out of it: nothing, or the same refusal in words.
+        let looked = store.lookup(k).await;
+        assert!(
+            matches!(looked, Ok(None) | Err(Error::Corrupt(_))),
+            "{what}: {looked:?}"
+        );
         let got = store.claim(k, "t", None, LONG).await;
         assert!(matches!(got, Err(Error::Corrupt(_))), "{what}: {got:?}");
         // The token operations treat it as not held, and leave it alone.
@@ -933,6 +945,15 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
         unreachable!()
     };
     assert!(why.contains("version 3"), "{why}");
+    // A completed record whose fingerprint cannot be read, or a value of another type, is a
+    // refusal of the lookup too.
+    for name in ["bad-fp", "hash", "list"] {
+        let looked = store.lookup(key(name)).await;
+        assert!(
+            matches!(looked, Err(Error::Corrupt(_))),
+            "{name}: {looked:?}"
+        );
+    }
 }
 
 /// The short lease of the crash checks: an abandoned claim is found lapsed this soon.

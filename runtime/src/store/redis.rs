@@ -556,9 +556,6 @@ fn is_redirection(error: &redis::RedisError) -> bool {
 /// The start of a claimed record; a claim's token follows it.
 const CLAIMED: &str = "jg2/c";
 
-/// The start of a completed record; the fingerprint's field and the result follow it.
-const COMPLETED: &str = "jg1/d";
-
 /// A variable-length field of a record: `<length>:<bytes>`, or `n` for none. The encoding is
 /// prefix-free, so a record starts with `jg2/c` and a token's field exactly when it is that
 /// token's claim.
@@ -583,6 +580,15 @@ fn store_error(what: &str, e: &redis::RedisError) -> Error {
     Error::Store(format!("{what}: {e}"))
 }
 
+/// A script's `{4, why}`: a record this build cannot read, in the script's words.
+fn corrupt(why: &Value) -> Error {
+    Error::Corrupt(match why {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    })
+}
+
 fn decode_claim(reply: Value) -> Result<Claimed, Error> {
     let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
     let Value::Array(items) = &reply else {
@@ -599,11 +605,7 @@ fn decode_claim(reply: Value) -> Result<Claimed, Error> {
             retry_in: Duration::from_millis((*ms).max(0) as u64),
         }),
         [Value::Int(3)] => Ok(Claimed::KeyReused),
-        [Value::Int(4), why] => Err(Error::Corrupt(match why {
-            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-            Value::SimpleString(s) => s.clone(),
-            other => format!("{other:?}"),
-        })),
+        [Value::Int(4), why] => Err(corrupt(why)),
         [Value::Int(5), Value::Int(crashes), Value::Int(first)] => Ok(Claimed::Poisoned {
             crashes: count(crashes),
             first: *first == 1,
@@ -764,6 +766,26 @@ return 1
     ))
 });
 
+// KEYS[1]: the record. Returns {1, result} for a completed record, {0} for no record or one in
+// any other state, {4, why} for a value that is not a string, or a completed record whose
+// fingerprint cannot be read. Reads only: a status page's view of the key.
+static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FIELD}{}",
+        r#"
+local v = redis.pcall('GET', KEYS[1])
+if not v then return {0} end
+if type(v) ~= 'string' then
+  return {4, 'not a jobguard record: ' .. (type(v) == 'table' and v['err'] or 'missing')}
+end
+if string.sub(v, 1, 5) ~= 'jg1/d' then return {0} end
+local fp, i = field(v, 6)
+if not fp then return {4, 'a malformed fingerprint'} end
+return {1, string.sub(v, i)}
+"#
+    ))
+});
+
 // ARGV: claim prefix. Keeps the generation and the crash count, with the claim's expiry.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -860,38 +882,29 @@ impl Store for RedisStore {
         })
     }
 
-    /// One `GET`: only a completed record (`jg1/d`) answers with its result.
+    /// One script, decoding the record where the other scripts do: only a completed one
+    /// answers with its result.
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            let value: Option<Vec<u8>> = redis::cmd("GET")
-                .arg(Self::redis_key(key))
-                .query_async(&mut self.connection.clone())
+            let reply: Value = self
+                .invoke(&LOOKUP.key(Self::redis_key(key)))
                 .await
                 .map_err(|e| store_error("lookup failed", &e))?;
-            value.map_or(Ok(None), |value| completed_result(&value))
+            match &reply {
+                Value::Array(items) => match items.as_slice() {
+                    [Value::Int(1), Value::BulkString(result)] => Ok(Some(result.clone())),
+                    [Value::Int(0)] => Ok(None),
+                    [Value::Int(4), why] => Err(corrupt(why)),
+                    _ => Err(Error::Store(format!(
+                        "unexpected reply to lookup: {reply:?}"
+                    ))),
+                },
+                _ => Err(Error::Store(format!(
+                    "unexpected reply to lookup: {reply:?}"
+                ))),
+            }
         })
     }
-}
-
-/// The result a record holds when it is a completed one (`jg1/d`, its fingerprint's field, then
-/// the result to the end); `None` for any other state.
-fn completed_result(value: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-    let Some(rest) = value.strip_prefix(COMPLETED.as_bytes()) else {
-        return Ok(None);
-    };
-    let corrupt = || Error::Corrupt("a completed record's fingerprint field is malformed".into());
-    let result = match rest.strip_prefix(b"n") {
-        Some(result) => result,
-        None => {
-            let colon = rest.iter().position(|&b| b == b':').ok_or_else(corrupt)?;
-            let len: usize = std::str::from_utf8(&rest[..colon])
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(corrupt)?;
-            rest.get(colon + 1 + len..).ok_or_else(corrupt)?
-        }
-    };
-    Ok(Some(result.to_vec()))
 }
 
 impl Transient for redis::RedisError {
@@ -939,24 +952,6 @@ mod tests {
 
     fn rk(scope: &str, key: &str) -> String {
         RedisStore::redis_key(StoreKey { scope, key })
-    }
-
-    #[test]
-    fn a_lookup_reads_the_result_of_a_completed_record_only() {
-        assert_eq!(completed_result(b"jg1/dnabc"), Ok(Some(b"abc".to_vec())));
-        assert_eq!(
-            completed_result(b"jg1/d5:fp:12{\"ok\":1}"),
-            Ok(Some(b"{\"ok\":1}".to_vec()))
-        );
-        assert_eq!(completed_result(b"jg1/dn"), Ok(Some(Vec::new())));
-        assert_eq!(completed_result(b"jg2/c5:tok-1n1:0:17"), Ok(None));
-        assert_eq!(completed_result(b"jg2/f1:0"), Ok(None));
-        for malformed in [&b"jg1/d"[..], b"jg1/d9:short", b"jg1/dx:ab", b"jg1/d3"] {
-            assert!(
-                matches!(completed_result(malformed), Err(Error::Corrupt(_))),
-                "{malformed:?}"
-            );
-        }
     }
 
     #[test]
