@@ -334,12 +334,6 @@ impl<'a> Retry<'a> {
         self.number + 1
     }
 
-    /// Who sees this call's events.
-    #[inline(always)]
-    fn watch(&self) -> Watch {
-        self.mode.watch()
-    }
-
     /// One turn of the loop for a job with no breaker, timeout or budget (so the runtime cannot
     /// fail on its own and `E` needs nothing from jobguard): runs `attempt`, classifies a
     /// failure with `on_err`, and resolves to `Break` with the result to return, or `Continue`
@@ -356,11 +350,7 @@ impl<'a> Retry<'a> {
         V: Into<Verdict>,
         E: Describe,
     {
-        debug_assert!(
-            self.spec.untimed,
-            "an unguarded round cannot cut its attempt: a policy with a timeout or budget takes \
-             `attempt_guarded`"
-        );
+        self.assert_untimed();
         Round::new(self, attempt, on_err, Unguarded)
     }
 
@@ -380,11 +370,7 @@ impl<'a> Retry<'a> {
         V: Into<Verdict>,
         E: FromJobguard + Describe,
     {
-        debug_assert!(
-            self.spec.untimed,
-            "a breaker-only round cannot cut its attempt: a policy with a timeout or budget takes \
-             `attempt_guarded`"
-        );
+        self.assert_untimed();
         Round::new(self, attempt, on_err, Permitted::new(Some(breaker)))
     }
 
@@ -409,6 +395,16 @@ impl<'a> Retry<'a> {
             limit: None,
         };
         Round::new(self, attempt, on_err, guard)
+    }
+
+    /// Only a guarded round can cut its attempt: a policy with a `timeout` or `budget` takes
+    /// [`Retry::attempt_guarded`] (debug builds check).
+    #[inline(always)]
+    fn assert_untimed(&self) {
+        debug_assert!(
+            self.spec.untimed,
+            "a round without a time limit for a policy with one: use attempt_guarded"
+        );
     }
 
     /// The runtime in scope, looked up once per failing call.
@@ -466,7 +462,7 @@ impl<'a> Retry<'a> {
     /// Raises `event` for whoever watches, inside the call's span with the `tracing` feature.
     #[inline]
     fn emit(&mut self, event: &Event<'_>) {
-        if self.watch() == Watch::Nobody {
+        if self.mode.watch() == Watch::Nobody {
             return;
         }
         let (known, installed) = (self.spec.known, self.slow().installed);
@@ -524,7 +520,7 @@ impl<'a> Retry<'a> {
         #[cfg(feature = "tracing")]
         self.span
             .record_attempt(self.spec.job, self.spec.key, self.number);
-        if self.watch() != Watch::Nobody {
+        if self.mode.watch() != Watch::Nobody {
             self.emit(&Event::Attempt {
                 job: self.spec.job,
                 key: self.spec.key,
@@ -595,7 +591,7 @@ impl<'a> Retry<'a> {
         if let Some(permit) = permit {
             permit.success();
         }
-        if self.watch() != Watch::Nobody {
+        if self.mode.watch() != Watch::Nobody {
             self.emit(&Event::Succeeded {
                 job: self.spec.job,
                 key: self.spec.key,
@@ -1684,7 +1680,7 @@ mod tests {
         let plain = Retry::new(&spec);
         assert_eq!(
             plain.mode.lean(),
-            matches!(plain.watch(), Watch::Nobody | Watch::Metrics)
+            matches!(plain.mode.watch(), Watch::Nobody | Watch::Metrics)
         );
         // Every watch, timed or not, reads back as itself; only an untimed one nobody but
         // `metrics` watches is lean.
