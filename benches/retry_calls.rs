@@ -7,11 +7,11 @@
 //! valgrind --tool=callgrind target/release/deps/retry_calls-* CONTENDER CALLS
 //! ```
 //!
-//! `CONTENDER` is `bare`, `retry`, `breaker` or `floor` (the least a wrapper that keeps
-//! `attempt()` and a once-per-call observation check can cost; see [`floor`]): the success path of the same `async fn` as
-//! `benches/retry.rs` measures; `bare-call`, `tokio-retry`, `policy-run` and `backon` are that
-//! bench's "bare call", tokio-retry, `Policy::run` and backon lines, as it writes them. Each
-//! contender runs in a loop of its own.
+//! `CONTENDER` is `bare`, `retry` or `breaker`: the success path of the same `async fn` as
+//! `benches/retry.rs` measures; `floor` is about the least a wrapper that keeps `attempt()` and a
+//! once-per-call observation check can cost (see [`floor`]); `bare-call`, `tokio-retry`,
+//! `policy-run` and `backon` are that bench's "bare call", tokio-retry, `Policy::run` and backon
+//! lines, as it writes them. Each contender runs in a loop of its own.
 //!
 //! On a shared machine, the process's user CPU time over many calls is a steadier clock than
 //! criterion's wall time (a preempted call is not counted):
@@ -56,6 +56,7 @@ mod floor {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::task::{Context, Poll};
 
+    /// Stands for the engine's flag: read as it reads its own, never set here.
     pub static OBSERVED: AtomicBool = AtomicBool::new(false);
 
     thread_local! {

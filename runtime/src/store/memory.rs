@@ -29,8 +29,8 @@
 //! Expired records are dropped a few at a time, by the claims that add records: each drops up to
 //! four expired records from the old end of its shard's completion order (and four from its
 //! order of released keys) and looks at one more bucket of its shard's table (a lapsed claim, a
-//! poisoned key, a record with a shorter TTL than older ones), so no operation holds a lock for long, however
-//! many records expire at once. (A shard knows a time before which none of its records expires,
+//! poisoned key, a record with a shorter TTL than older ones), so no operation holds a lock for
+//! long, however many records expire at once. (A shard knows a time before which none of its records expires,
 //! from its last pass over its table and the records written since: until then, it looks at no
 //! bucket.) A claim that finds no room looks at up to 256 buckets before it
 //! gives up.
