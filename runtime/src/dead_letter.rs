@@ -294,11 +294,25 @@ impl DeadLetterSink for LogDeadLetters {
     }
 }
 
+/// Sends `letter` to `sink`, and logs a letter the sink refuses whole ([`letter_lost`]):
+/// `true` when the sink took it. How the retry engine and the idempotency guard send theirs.
+pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
+    // A copy for the log, should the sink fail: the letter is not lost with it.
+    let kept = letter.clone();
+    match sink.send(letter).await {
+        Ok(()) => true,
+        Err(e) => {
+            letter_lost(&kept, &e);
+            false
+        }
+    }
+}
+
 /// Logs that `letter` did not reach its sink, with the letter itself as JSON (its payload too),
 /// so that an operator can still redrive the job from the log: the one line the retry engine and
 /// the idempotency guard write for a lost letter.
 #[cold]
-pub(crate) fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
+fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
     let json =
         serde_json::to_string(letter).unwrap_or_else(|e| format!("(not JSON: {e}) {letter:?}"));
     crate::observe::log_error(format_args!(

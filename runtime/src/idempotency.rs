@@ -298,11 +298,8 @@ impl<'a> Idempotent<'a> {
         runtime.emit(&Event::DeadLetter(&letter));
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
         // The store reports a poisoned key's first refusal once: a letter the sink did not take
-        // is written to the log whole, or nothing would record it.
-        let kept = letter.clone();
-        if let Err(e) = sink.send(letter).await {
-            crate::dead_letter::letter_lost(&kept, &e);
-        }
+        // is written to the log whole (by `deliver`), or nothing would record it.
+        crate::dead_letter::deliver(sink, letter).await;
     }
 
     /// Runs `work`, renewing the lease every third of it.

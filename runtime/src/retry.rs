@@ -712,21 +712,18 @@ impl<'a> Retry<'a> {
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
-        // A copy for the log, should the sink fail: the letter is not lost with it.
-        let kept = letter.clone();
-        let send = match self.spec.sink {
-            Some(sink) => sink.send(letter),
+        let delivered: Pin<Box<dyn Future<Output = bool> + Send + 'a>> = match self.spec.sink {
+            Some(sink) => Box::pin(crate::dead_letter::deliver(sink, letter)),
             None => {
                 let sink = self.runtime().inner.dead_letters.clone();
-                Box::pin(async move { sink.send(letter).await })
+                Box::pin(async move { crate::dead_letter::deliver(&*sink, letter).await })
             }
         };
         // Settled only once the sink took the letter: a job whose letter was lost is not
         // settled, so a runner may deliver it again rather than drop it with no record.
         let sending = async move {
-            match send.await {
-                Ok(()) => Delivery::settle(),
-                Err(e) => crate::dead_letter::letter_lost(&kept, &e),
+            if delivered.await {
+                Delivery::settle();
             }
         };
         #[cfg(feature = "tracing")]
