@@ -5,37 +5,13 @@
 
 use jobguard::observe::metrics as names;
 use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
+use jobguard_testkit::gateway::GatewayError;
 use jobguard_testkit::prometheus::{samples, types};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
-
-#[derive(Debug, jobguard::Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    Declined,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GatewayError::Timeout => f.write_str("gateway timeout"),
-            GatewayError::Declined => f.write_str("card declined"),
-            GatewayError::Jobguard(e) => write!(f, "{e}"),
-        }
-    }
-}
 
 #[jobguard::idempotent(key = order_id, scope = "payments.charge")]
 #[jobguard::retry(attempts = 5, base = "500ms", jitter = none)]
