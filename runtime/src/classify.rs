@@ -101,7 +101,7 @@ impl Transient for tokio::time::error::Elapsed {
 impl Transient for crate::Error {
     /// `InProgress`, `Timeout` and `Store` are transient. `CircuitOpen` is not retried by the loop
     /// that saw it (the breaker decides when to try again), and `KeyReused`, `Budget`,
-    /// `LeaseLost`, `Corrupt` and `Poisoned` are permanent.
+    /// `LeaseLost`, `Corrupt`, `Poisoned`, `Unreplayable` and `Config` are permanent.
     fn verdict(&self) -> Verdict {
         use crate::Error::*;
         match self {
@@ -268,6 +268,11 @@ mod tests {
             Verdict::Fail,
             "a poison job is never retried"
         );
+        assert_eq!(
+            crate::Error::Unreplayable("why".into()).verdict(),
+            Verdict::Fail
+        );
+        assert_eq!(crate::Error::Config("why".into()).verdict(), Verdict::Fail);
         assert_eq!(
             crate::Error::CircuitOpen {
                 retry_in: Duration::from_secs(1)

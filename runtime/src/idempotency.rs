@@ -49,10 +49,11 @@ use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
-use crate::store::record::{decode, encode_record};
+use crate::store::record::{decode, encode_replayable, encode_unreplayable};
 use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::pin;
@@ -337,8 +338,11 @@ impl<'a> Idempotent<'a> {
         }
     }
 
-    /// Stores the value, retrying the write a few times.
-    async fn finish<T: Serialize, E: From<Error>>(
+    /// Stores the value, retrying the write a few times. A value that cannot be kept to replay
+    /// (it does not serialize, or does not read back as its own type) is returned all the same,
+    /// and the key is completed without it: a redelivery gets [`Error::Unreplayable`] rather
+    /// than running the job again.
+    async fn finish<T: Serialize + DeserializeOwned, E: From<Error>>(
         &self,
         store: &dyn Store,
         key: StoreKey<'_>,
@@ -346,19 +350,16 @@ impl<'a> Idempotent<'a> {
         value: T,
         observe: &impl Fn(Event<'_>),
     ) -> Result<T, E> {
-        let record = match encode_record(&value) {
-            Ok(r) => r,
-            Err(e) => {
+        let record = match encode_replayable(&value) {
+            Ok(record) => record,
+            Err(why) => {
                 log_error(format_args!(
-                    "jobguard: result for {}:{} cannot be serialized, not stored: {e}",
+                    "jobguard: job {}:{} succeeded but its result cannot be kept to replay \
+                     ({why}); its key is recorded as completed without it, and a redelivery \
+                     will fail with this reason instead of running the job again",
                     key.scope, key.key
                 ));
-                observe(Event::StoreFailed {
-                    scope: self.name,
-                    key: key.key,
-                });
-                release(store, key, token).await;
-                return Ok(value);
+                encode_unreplayable(&why)
             }
         };
         let mut pause = Duration::from_millis(50);

@@ -112,7 +112,7 @@
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
-use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_record, new_token};
+use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, new_token};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres, Row};
@@ -1063,11 +1063,10 @@ async fn store_result<T: crate::bounds::Replayable>(
     value: &T,
     ttl: Duration,
 ) -> Result<(), Error> {
-    let record = encode_record(value).map_err(|e| {
-        Error::Corrupt(format!(
-            "the result for {}:{} cannot be serialized: {e}",
-            key.scope, key.key
-        ))
+    // A result that could not be replayed fails the transaction, so the body's own writes are
+    // rolled back with the claim.
+    let record = encode_replayable(value).map_err(|why| {
+        Error::Unreplayable(format!("the result for {}:{}: {why}", key.scope, key.key))
     })?;
     sqlx::query(COMPLETE_IN)
         .bind(scope)

@@ -1,0 +1,69 @@
+//! `#[idempotent]` with a result that cannot be kept to replay: the call that ran returns it,
+//! and a redelivery fails with `Error::Unreplayable` instead of running the job again.
+
+use jobguard::idempotent;
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The `jobguard::Error` inside a job's `io::Error`.
+fn jobguard_error(e: &io::Error) -> &jobguard::Error {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<jobguard::Error>())
+        .unwrap_or_else(|| panic!("not a jobguard error: {e:?}"))
+}
+
+static PAIRS_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// A map with tuple keys: `Serialize`, but JSON refuses non-string keys.
+#[idempotent(key = id)]
+async fn pairs(id: &str) -> Result<HashMap<(u32, u32), u32>, io::Error> {
+    PAIRS_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(HashMap::from([((1, 2), 3)]))
+}
+
+#[tokio::test]
+async fn a_result_that_does_not_serialize_is_returned_and_never_run_again() {
+    let first = pairs("pairs-1").await.unwrap();
+    assert_eq!(
+        first,
+        HashMap::from([((1, 2), 3)]),
+        "the call that ran returns its value"
+    );
+    for _ in 0..2 {
+        let again = pairs("pairs-1").await.unwrap_err();
+        match jobguard_error(&again) {
+            jobguard::Error::Unreplayable(why) => {
+                assert!(why.contains("does not serialize"), "{why}")
+            }
+            other => panic!("expected Unreplayable, got {other:?}"),
+        }
+        assert!(again.to_string().contains("it is not run again"), "{again}");
+    }
+    assert_eq!(PAIRS_RUNS.load(Ordering::SeqCst), 1, "the body ran once");
+}
+
+static RATIO_RUNS: AtomicU32 = AtomicU32::new(0);
+
+/// A float: `NaN` serializes as JSON `null`, which does not read back as an `f64`.
+#[idempotent(key = id)]
+async fn ratio(id: &str, value: f64) -> Result<f64, io::Error> {
+    RATIO_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(value)
+}
+
+#[tokio::test]
+async fn a_result_that_does_not_read_back_is_not_stored_to_fail_as_corrupt() {
+    assert!(ratio("ratio-nan", f64::NAN).await.unwrap().is_nan());
+    let again = ratio("ratio-nan", f64::NAN).await.unwrap_err();
+    match jobguard_error(&again) {
+        jobguard::Error::Unreplayable(why) => {
+            assert!(why.contains("does not read back"), "{why}")
+        }
+        other => panic!("expected Unreplayable, got {other:?}"),
+    }
+    // An ordinary value of the same job is stored and replayed.
+    assert_eq!(ratio("ratio-1.5", 1.5).await.unwrap(), 1.5);
+    assert_eq!(ratio("ratio-1.5", 1.5).await.unwrap(), 1.5);
+    assert_eq!(RATIO_RUNS.load(Ordering::SeqCst), 2, "one run per key");
+}
