@@ -160,9 +160,12 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //
 // Output (macros/tests/expand/*.expanded.rs has it exactly, for several shapes):
 //     async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
+//         static __JOBGUARD_SCOPE: DefaultScope =       // only for the default scope: a
+//             DefaultScope::new(concat!(module_path!(), "::charge"));  // pinned one is as written
 //         let __jobguard_key = ::jobguard::__private::key(&(order_id));
 //         let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
-//             concat!(module_path!(), "::charge"), &__jobguard_key);
+//             __JOBGUARD_SCOPE.name(), &__jobguard_key)
+//             .default_scope(&__JOBGUARD_SCOPE);      // checked to be this function's alone
 //         __jobguard_idempotent
 //             .run(async {
 //                 static __JOBGUARD_JOB: Job = Job::new(concat!(module_path!(), "::charge"));
@@ -205,21 +208,21 @@ fn expand(
     };
     // One name per job, used by metrics, tracing, events, dead letters and the store: the
     // pinned `scope` or `name`, else the function's module path and name.
-    let job = match (
+    let (job, default_scope) = match (
         retry.and_then(|r| r.name.as_ref()),
         idempotent.and_then(|i| i.scope.as_ref()),
     ) {
-        (_, Some(pinned)) | (Some(pinned), None) => quote!(#pinned),
+        (_, Some(pinned)) | (Some(pinned), None) => (quote!(#pinned), false),
         (None, None) => {
             let name = format!("::{}", sig.ident.unraw());
-            quote!(::core::concat!(::core::module_path!(), #name))
+            (quote!(::core::concat!(::core::module_path!(), #name)), true)
         }
     };
     let body = attempt_block(&block, ret);
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
-        (None, Some(i)) => idempotent_call(i, false, &krate, &job, ret, body),
+        (None, Some(i)) => idempotent_call(i, false, default_scope, &krate, &job, ret, body),
         (Some(r), Some(i)) => {
             // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
             let body = match &i.transaction {
@@ -237,7 +240,15 @@ fn expand(
             let inner = retry_loop(r, &krate, &job, ret, body, true);
             // The crash letter goes where the job's other letters go.
             let sink = r.dead_letter.is_some();
-            idempotent_call(i, sink, &krate, &job, ret, quote!(async { #inner }))
+            idempotent_call(
+                i,
+                sink,
+                default_scope,
+                &krate,
+                &job,
+                ret,
+                quote!(async { #inner }),
+            )
         }
         (None, None) => unreachable!("one attribute is expanding"),
     };
@@ -466,19 +477,23 @@ fn retry_loop(
     }
 }
 
+/// `default_scope`: the scope is the function's module path and name, not pinned, so the call
+/// checks (through a `static` of the function's) that no other function has it.
 fn idempotent_call(
     i: &IdempotentArgs,
     sink: bool,
+    default_scope: bool,
     krate: &TokenStream,
     job: &TokenStream,
     ret: &Type,
     work: TokenStream,
 ) -> TokenStream {
     let key = i.key.as_ref().expect("validated: key is present");
+    let (scope_static, scope, check) = scope_parts(default_scope, krate, job);
     if let Some(tx) = &i.transaction {
-        return transaction_call(i, krate, job.clone(), ret, tx, work);
+        return transaction_call(i, krate, (scope_static, scope, check), ret, tx, work);
     }
-    let mut call = quote!(#krate::__private::Idempotent::new(#job, &__jobguard_key));
+    let mut call = quote!(#krate::__private::Idempotent::new(#scope, &__jobguard_key) #check);
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
         call.extend(quote!(.ttl(#d)));
@@ -516,10 +531,31 @@ fn idempotent_call(
     let key = quote_spanned!(key.span()=> #krate::__private::key(&(#key)));
     let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(#work).await);
     quote! {
+        #scope_static
         let __jobguard_key = #key;
         let __jobguard_idempotent = #call;
         #run
     }
+}
+
+/// The scope's tokens: with the default scope, a `static` holding it, its name read from there,
+/// and the builder call that checks it; a pinned scope as written, with neither.
+fn scope_parts(
+    default_scope: bool,
+    krate: &TokenStream,
+    job: &TokenStream,
+) -> (TokenStream, TokenStream, TokenStream) {
+    if !default_scope {
+        return (TokenStream::new(), job.clone(), TokenStream::new());
+    }
+    (
+        quote! {
+            static __JOBGUARD_SCOPE: #krate::__private::DefaultScope =
+                #krate::__private::DefaultScope::new(#job);
+        },
+        quote!(__JOBGUARD_SCOPE.name()),
+        quote!(.default_scope(&__JOBGUARD_SCOPE)),
+    )
 }
 
 // Input:
@@ -546,14 +582,15 @@ fn idempotent_call(
 fn transaction_call(
     i: &IdempotentArgs,
     krate: &TokenStream,
-    scope: TokenStream,
+    (scope_static, scope, check): (TokenStream, TokenStream, TokenStream),
     ret: &Type,
     tx: &syn::Expr,
     work: TokenStream,
 ) -> TokenStream {
     let key = i.key.as_ref().expect("validated: key is present");
-    let mut call =
-        quote!(#krate::__private::PgStore::in_transaction(&mut *#tx, #scope, &__jobguard_key));
+    let mut call = quote!(
+        #krate::__private::PgStore::in_transaction(&mut *#tx, #scope, &__jobguard_key) #check
+    );
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
         call.extend(quote!(.ttl(#d)));
@@ -573,6 +610,7 @@ fn transaction_call(
     let pass = quote_spanned!(tx.span()=> #krate::__private::transaction!);
     quote! {
         #pass {
+            #scope_static
             let __jobguard_key = #key;
             let __jobguard_idempotent = #call;
             #run

@@ -55,6 +55,7 @@ use crate::{Error, Runtime};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub struct Idempotent<'a> {
     fingerprint: Option<String>,
     store: Option<Arc<dyn Store>>,
     sink: Option<&'a dyn DeadLetterSink>,
+    /// The attribute's default scope, checked to be this function's alone before the claim.
+    default_scope: Option<&'static DefaultScope>,
 }
 
 impl<'a> Idempotent<'a> {
@@ -101,7 +104,16 @@ impl<'a> Idempotent<'a> {
             fingerprint: None,
             store: None,
             sink: None,
+            default_scope: None,
         }
+    }
+
+    /// The scope is `#[idempotent]`'s default for one function: checked, before anything is
+    /// claimed, to be no other function's (see [`DefaultScope`]).
+    #[doc(hidden)]
+    pub fn default_scope(mut self, scope: &'static DefaultScope) -> Self {
+        self.default_scope = Some(scope);
+        self
     }
 
     /// How long a completed result is replayed.
@@ -180,6 +192,9 @@ impl<'a> Idempotent<'a> {
         T: Replayable,
         E: FromJobguard,
     {
+        if let Some(scope) = self.default_scope {
+            scope.check().map_err(E::from)?;
+        }
         let runtime = Runtime::current();
         let store = self
             .store
@@ -394,6 +409,80 @@ impl<'a> Idempotent<'a> {
             }
         }
         Ok(value)
+    }
+}
+
+/// The default scope of one `#[idempotent]` function (its module path and name), in a `static`
+/// per function: the first call of each registers it, so that two functions that end up with
+/// one default scope are found. Nested functions of one name in one module, or methods of one
+/// name in two `impl` blocks of one module, get the same default, and their keys would collide:
+/// a call of one would replay the other's result. Once a second function registers a name,
+/// calls of both fail with [`Error::Config`] (and the log says so once) until each pins a
+/// `scope`. Only functions that run in this process are compared; a pinned `scope` is never
+/// checked, as two functions may share one on purpose.
+#[doc(hidden)]
+pub struct DefaultScope {
+    name: &'static str,
+    /// [`DefaultScope::UNCHECKED`], [`DefaultScope::OWN`] or [`DefaultScope::SHARED`].
+    state: std::sync::atomic::AtomicU8,
+}
+
+impl DefaultScope {
+    const UNCHECKED: u8 = 0;
+    const OWN: u8 = 1;
+    const SHARED: u8 = 2;
+
+    /// The default scope `name` of the function whose `static` this is.
+    pub const fn new(name: &'static str) -> Self {
+        DefaultScope {
+            name,
+            state: std::sync::atomic::AtomicU8::new(Self::UNCHECKED),
+        }
+    }
+
+    /// The scope's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// `Ok` while no other function has this default scope; one atomic load once registered.
+    pub fn check(&'static self) -> Result<(), Error> {
+        use std::collections::hash_map::Entry;
+        use std::sync::atomic::Ordering;
+        match self.state.load(Ordering::Acquire) {
+            Self::OWN => return Ok(()),
+            Self::SHARED => return Err(self.shared()),
+            _ => {}
+        }
+        static NAMES: std::sync::Mutex<Option<HashMap<&'static str, &'static DefaultScope>>> =
+            std::sync::Mutex::new(None);
+        let mut names = NAMES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match names.get_or_insert_with(HashMap::new).entry(self.name) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(self);
+                self.state.store(Self::OWN, Ordering::Release);
+                Ok(())
+            }
+            Entry::Occupied(own) if std::ptr::eq(*own.get(), self) => Ok(()),
+            Entry::Occupied(other) => {
+                if other.get().state.swap(Self::SHARED, Ordering::AcqRel) != Self::SHARED {
+                    log_error(format_args!("jobguard: {}", self.shared()));
+                }
+                self.state.store(Self::SHARED, Ordering::Release);
+                Err(self.shared())
+            }
+        }
+    }
+
+    fn shared(&self) -> Error {
+        Error::Config(format!(
+            "two #[idempotent] functions have the default scope `{}` (nested functions of one \
+             name, or methods of one name in two impl blocks of one module), so their keys \
+             would collide; give each its own with `#[idempotent(scope = \"...\")]`",
+            self.name
+        ))
     }
 }
 

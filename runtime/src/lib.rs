@@ -260,7 +260,7 @@ macro_rules! __jobguard_transaction {
 pub mod __private {
     pub use crate::__jobguard_transaction as transaction;
     pub use crate::bounds::*;
-    pub use crate::idempotency::Idempotent;
+    pub use crate::idempotency::{DefaultScope, Idempotent};
     pub use crate::observe::Job;
     pub use crate::retry::{Payload, Retry, Spec, breaker, sink};
     #[cfg(feature = "postgres")]

@@ -9,11 +9,15 @@
 //     }
 
 async fn effect(job: Job) -> Result<u64, Error> {
+    static __JOBGUARD_SCOPE: ::jobguard::__private::DefaultScope = ::jobguard::__private::DefaultScope::new(
+        ::core::concat!(::core::module_path!(), "::effect"),
+    );
     let __jobguard_key = ::jobguard::__private::key(&(job.id));
     let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
-            ::core::concat!(::core::module_path!(), "::effect"),
+            __JOBGUARD_SCOPE.name(),
             &__jobguard_key,
         )
+        .default_scope(&__JOBGUARD_SCOPE)
         .lease(::core::time::Duration::from_secs(2))
         .crashes(5u32);
     __jobguard_idempotent

@@ -10,11 +10,15 @@
 //     }
 
 async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
+    static __JOBGUARD_SCOPE: ::jobguard::__private::DefaultScope = ::jobguard::__private::DefaultScope::new(
+        ::core::concat!(::core::module_path!(), "::charge"),
+    );
     let __jobguard_key = ::jobguard::__private::key(&(order_id));
     let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
-        ::core::concat!(::core::module_path!(), "::charge"),
-        &__jobguard_key,
-    );
+            __JOBGUARD_SCOPE.name(),
+            &__jobguard_key,
+        )
+        .default_scope(&__JOBGUARD_SCOPE);
     __jobguard_idempotent
         .run(async {
             static __JOBGUARD_JOB: ::jobguard::__private::Job = ::jobguard::__private::Job::new(

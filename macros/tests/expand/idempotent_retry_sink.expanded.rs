@@ -11,11 +11,15 @@
 
 async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
     let __jobguard_sink = ::jobguard::__private::sink(&*JOB_LETTERS);
+    static __JOBGUARD_SCOPE: ::jobguard::__private::DefaultScope = ::jobguard::__private::DefaultScope::new(
+        ::core::concat!(::core::module_path!(), "::charge"),
+    );
     let __jobguard_key = ::jobguard::__private::key(&(order_id));
     let __jobguard_idempotent = ::jobguard::__private::Idempotent::new(
-            ::core::concat!(::core::module_path!(), "::charge"),
+            __JOBGUARD_SCOPE.name(),
             &__jobguard_key,
         )
+        .default_scope(&__JOBGUARD_SCOPE)
         .crashes(2u32)
         .dead_letter(__jobguard_sink);
     __jobguard_idempotent

@@ -17,14 +17,17 @@ async fn transfer(
     transfer: &Transfer,
 ) -> Result<i64, LedgerError> {
     ::jobguard::__private::transaction! {
-        let __jobguard_key = ::jobguard::__private::key(& (transfer.id)); let
-        __jobguard_idempotent = ::jobguard::__private::PgStore::in_transaction(& mut *
-        tx, ::core::concat!(::core::module_path!(), "::transfer"), & __jobguard_key);
-        __jobguard_idempotent.run(async | tx : & mut ::jobguard::__private::PgConnection
-        | async { #[allow(unknown_lints, unreachable_code,
-        clippy::diverging_sub_expression, clippy::let_unit_value, clippy::unreachable,
-        clippy::empty_loop, clippy::needless_return)] if false { let __jobguard_return :
-        Result < i64, LedgerError > = loop {}; return __jobguard_return; } debit(& mut *
-        tx, transfer). await ?; credit(& mut * tx, transfer). await } . await). await
+        static __JOBGUARD_SCOPE : ::jobguard::__private::DefaultScope =
+        ::jobguard::__private::DefaultScope::new(::core::concat!(::core::module_path!(),
+        "::transfer")); let __jobguard_key = ::jobguard::__private::key(& (transfer.id));
+        let __jobguard_idempotent = ::jobguard::__private::PgStore::in_transaction(& mut
+        * tx, __JOBGUARD_SCOPE.name(), & __jobguard_key).default_scope(&
+        __JOBGUARD_SCOPE); __jobguard_idempotent.run(async | tx : & mut
+        ::jobguard::__private::PgConnection | async { #[allow(unknown_lints,
+        unreachable_code, clippy::diverging_sub_expression, clippy::let_unit_value,
+        clippy::unreachable, clippy::empty_loop, clippy::needless_return)] if false { let
+        __jobguard_return : Result < i64, LedgerError > = loop {}; return
+        __jobguard_return; } debit(& mut * tx, transfer). await ?; credit(& mut * tx,
+        transfer). await } . await). await
     }
 }

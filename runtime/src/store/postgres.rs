@@ -346,6 +346,7 @@ $$;
             key,
             ttl: DEFAULT_TTL,
             fingerprint: None,
+            default_scope: None,
         }
     }
 
@@ -712,6 +713,7 @@ pub struct InTransaction<'c> {
     key: &'c str,
     ttl: Duration,
     fingerprint: Option<String>,
+    default_scope: Option<&'static crate::idempotency::DefaultScope>,
 }
 
 impl std::fmt::Debug for InTransaction<'_> {
@@ -735,6 +737,14 @@ impl InTransaction<'_> {
     /// [`Error::KeyReused`].
     pub fn fingerprint(mut self, fingerprint: String) -> Self {
         self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The scope is `#[idempotent]`'s default for one function: checked, before anything is
+    /// claimed, to be no other function's (see `Idempotent::default_scope`).
+    #[doc(hidden)]
+    pub fn default_scope(mut self, scope: &'static crate::idempotency::DefaultScope) -> Self {
+        self.default_scope = Some(scope);
         self
     }
 
@@ -816,6 +826,9 @@ impl InTransaction<'_> {
         T: crate::bounds::Replayable,
         E: crate::bounds::FromJobguard,
     {
+        if let Some(scope) = self.default_scope {
+            scope.check().map_err(E::from)?;
+        }
         if !self.conn.is_in_transaction() {
             return Begin(self).run(work).await;
         }
@@ -825,6 +838,7 @@ impl InTransaction<'_> {
             key,
             ttl,
             fingerprint,
+            ..
         } = self;
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
@@ -921,6 +935,7 @@ impl Begin<'_> {
             key,
             ttl,
             fingerprint,
+            ..
         } = self.0;
         if conn.is_in_transaction() {
             return Err(E::from(Error::Store(
