@@ -280,6 +280,25 @@ async fn a_cancelled_job_releases_its_claim() {
     assert_eq!(*log.lock().unwrap(), ["claimed", "released", "claimed"]);
 }
 
+/// On a store that answers without waiting (the embedded default), the claim of a cancelled
+/// call is released as the call is dropped: a redelivery right after it runs, with nothing in
+/// between to let a release task run.
+#[tokio::test(start_paused = true)]
+async fn a_job_cancelled_by_a_timeout_is_free_for_the_next_delivery_at_once() {
+    let (rt, log, _) = runtime(MemoryStore::new());
+    let (work, _never) = Work::gated();
+    let cut =
+        tokio::time::timeout(Duration::from_millis(5), rt.scope(fail_fast(&work, "k", 1))).await;
+    assert!(cut.is_err(), "the gated work never finishes: {cut:?}");
+    let fresh = Work::default();
+    assert_eq!(
+        rt.scope(fail_fast(&fresh, "k", 2)).await,
+        Ok(2),
+        "the redelivery runs, not InProgress"
+    );
+    assert_eq!(*log.lock().unwrap(), ["claimed", "released", "claimed"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_panicking_job_releases_its_claim() {
     let (rt, _, released) = runtime(MemoryStore::new());

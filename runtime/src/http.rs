@@ -557,31 +557,15 @@ impl Drop for Held {
         if !self.armed.load(Ordering::Relaxed) {
             return;
         }
-        let store = self.config.store.clone();
-        let runtime = self.runtime.to_owned();
-        let (scope, key, token) = (
-            std::mem::take(&mut self.scope),
+        let scope = std::mem::take(&mut self.scope).into_owned();
+        crate::idempotency::release_dropped(
+            self.config.store.clone(),
+            self.runtime.to_owned(),
+            scope.clone(),
+            scope,
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    let key = StoreKey {
-                        scope: &scope,
-                        key: &key,
-                    };
-                    release(&*store, key, &token).await;
-                    runtime.emit(&Event::Released {
-                        scope: key.scope,
-                        key: key.key,
-                    });
-                });
-            }
-            Err(_) => log_error(format_args!(
-                "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
-            )),
-        }
     }
 }
 

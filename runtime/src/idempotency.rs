@@ -522,30 +522,53 @@ impl Drop for ReleaseOnDrop {
         let Some(store) = self.store.take() else {
             return;
         };
-        let (scope, name, key, token) = (
+        release_dropped(
+            store,
+            self.runtime.clone(),
             std::mem::take(&mut self.scope),
             std::mem::take(&mut self.name),
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.token),
         );
-        let runtime = self.runtime.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    let key = StoreKey {
-                        scope: &scope,
-                        key: &key,
-                    };
-                    release(&*store, key, &token).await;
-                    runtime.emit(&Event::Released {
-                        scope: &name,
-                        key: key.key,
-                    });
-                });
-            }
-            Err(_) => log_error(format_args!(
-                "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
-            )),
+    }
+}
+
+/// Releases the claim of a call that was dropped (cancelled) or panicked, and raises
+/// `Released` under the job's `name`: at once when the store answers without waiting (as
+/// [`MemoryStore`](crate::MemoryStore) does), so that a redelivery right after the
+/// cancellation finds the key free; else in a task. Outside a runtime the claim lapses with
+/// its lease. Shared with the HTTP layer.
+pub(crate) fn release_dropped(
+    store: Arc<dyn Store>,
+    runtime: Runtime,
+    scope: String,
+    name: String,
+    key: String,
+    token: String,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        log_error(format_args!(
+            "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
+        ));
+        return;
+    };
+    let mut releasing = Box::pin(async move {
+        let key = StoreKey {
+            scope: &scope,
+            key: &key,
+        };
+        release(&*store, key, &token).await;
+        runtime.emit(&Event::Released {
+            scope: &name,
+            key: key.key,
+        });
+    });
+    // While a panic unwinds, nothing of the observers' runs here: a panic in one would abort.
+    if !std::thread::panicking() {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if releasing.as_mut().poll(&mut cx).is_ready() {
+            return;
         }
     }
+    handle.spawn(releasing);
 }
