@@ -40,6 +40,19 @@ async fn a_result_that_does_not_serialize_is_returned_and_never_run_again() {
         }
         assert!(again.to_string().contains("it is not run again"), "{again}");
     }
+    // Under a job runner the replay settles the delivery: the job ran, so it is not delivered
+    // again (as a poisoned key's refusal is).
+    let (again, settled) = jobguard::Delivery {
+        number: 1,
+        last: false,
+    }
+    .scope_settled(pairs("pairs-1"))
+    .await;
+    assert!(matches!(
+        jobguard_error(&again.unwrap_err()),
+        jobguard::Error::Unreplayable(_)
+    ));
+    assert!(settled, "an unreplayable replay settles the delivery");
     assert_eq!(PAIRS_RUNS.load(Ordering::SeqCst), 1, "the body ran once");
 }
 

@@ -44,6 +44,22 @@ async fn flaky_once(tx: &mut PgConnection, order: &str) -> Result<i64, JobError>
     Ok(id)
 }
 
+static RATIOS: AtomicU32 = AtomicU32::new(0);
+
+/// `NaN` the first time (JSON keeps it as `null`, which does not read back as an `f64`).
+#[jobguard::idempotent(key = order, transaction = tx)]
+async fn ratio(tx: &mut PgConnection, order: &str) -> Result<f64, JobError> {
+    sqlx::query("INSERT INTO effects (key) VALUES ($1)")
+        .bind(order)
+        .execute(&mut *tx)
+        .await?;
+    Ok(if RATIOS.fetch_add(1, Ordering::Relaxed) == 0 {
+        f64::NAN
+    } else {
+        0.5
+    })
+}
+
 async fn setup(server: &PgServer) -> PgPool {
     let store = PgStore::connect(&server.url()).await.unwrap();
     store.migrate().await.unwrap();
@@ -106,6 +122,35 @@ async fn with_retry_a_failed_attempt_is_rolled_back_to_its_savepoint() {
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(flaky_once(&mut tx, "r").await.unwrap(), id, "replayed");
     assert_eq!(ATTEMPTS.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_result_that_cannot_be_replayed_fails_the_call_and_leaves_no_claim() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    match ratio(&mut tx, "n").await {
+        Err(JobError::Guard(jobguard::Error::Unreplayable(why))) => {
+            assert!(why.contains("roll the transaction back"), "{why}")
+        }
+        other => panic!("expected Unreplayable, got {other:?}"),
+    }
+    // A caller that commits anyway commits the body's row, but no claim on the key: the next
+    // delivery runs at once (not `InProgress`), and its result is kept.
+    tx.commit().await.unwrap();
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(ratio(&mut tx, "n").await.unwrap(), 0.5);
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(
+        RATIOS.load(Ordering::Relaxed),
+        2,
+        "the second commit replayed"
+    );
+    assert_eq!(effects(&pool, "n").await, 2);
 }
 
 /// Compiles only if each job, awaited inside a transaction, can be spawned on a multi-threaded

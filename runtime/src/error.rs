@@ -44,11 +44,13 @@ pub enum Error {
         /// The abandoned claims counted.
         crashes: u32,
     },
-    /// The job completed, but its result could not be kept to replay: it does not serialize
-    /// (a map with non-string keys, say) or does not read back as the job's type (a `NaN`
-    /// float, stored as JSON `null`). The key is recorded as completed without a value, so a
-    /// redelivery gets this error for the record's TTL instead of running the job again. The
-    /// message says why. Permanent: change the result type (or pin what the job returns).
+    /// A job's result cannot be kept to replay: it does not serialize (a map with non-string
+    /// keys, say) or does not read back as the job's type (a `NaN` `f64`, which JSON keeps as
+    /// `null`). With a store, the call that ran returns its value and the key is recorded as
+    /// completed without it, so a redelivery gets this error for the record's TTL instead of
+    /// running the job again; in a Postgres transaction (`transaction = tx`) the call fails with
+    /// it and the transaction is to be rolled back. The message says which. Permanent: change
+    /// the result type.
     Unreplayable(String),
     /// jobguard is used in a way it cannot keep its promise in, found at run time: for example
     /// two `#[idempotent]` functions whose default scopes are the same name (nested functions,
@@ -76,11 +78,7 @@ impl fmt::Display for Error {
                 f,
                 "job refused: its worker died {crashes} times while running it (poison job)"
             ),
-            Error::Unreplayable(why) => write!(
-                f,
-                "the job completed before, but its result could not be stored to replay \
-                 ({why}); it is not run again"
-            ),
+            Error::Unreplayable(why) => write!(f, "result not replayable: {why}"),
             Error::Config(msg) => write!(f, "jobguard misconfigured: {msg}"),
         }
     }

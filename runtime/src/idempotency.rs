@@ -221,7 +221,15 @@ impl<'a> Idempotent<'a> {
             {
                 Claimed::Acquired { generation, .. } => break generation,
                 Claimed::Completed(bytes) => {
-                    let value = decode::<T>(&bytes).map_err(E::from)?;
+                    let value = match decode::<T>(&bytes) {
+                        Ok(value) => value,
+                        Err(error @ Error::Unreplayable(_)) => {
+                            // The job ran and completed: a runner must not deliver it again.
+                            crate::attempt::Delivery::settle();
+                            return Err(E::from(error));
+                        }
+                        Err(error) => return Err(E::from(error)),
+                    };
                     observe(Event::Replayed {
                         scope: self.name,
                         key: key.key,
@@ -368,6 +376,10 @@ impl<'a> Idempotent<'a> {
         let record = match encode_replayable(&value) {
             Ok(record) => record,
             Err(why) => {
+                observe(Event::StoreFailed {
+                    scope: self.name,
+                    key: key.key,
+                });
                 log_error(format_args!(
                     "jobguard: job {}:{} succeeded but its result cannot be kept to replay \
                      ({why}); its key is recorded as completed without it, and a redelivery \
@@ -465,7 +477,14 @@ impl DefaultScope {
                 self.state.store(Self::OWN, Ordering::Release);
                 Ok(())
             }
-            Entry::Occupied(own) if std::ptr::eq(*own.get(), self) => Ok(()),
+            // Registered by another call of this function; another function may have found
+            // the name shared since this call read the state.
+            Entry::Occupied(own) if std::ptr::eq(*own.get(), self) => {
+                match self.state.load(Ordering::Acquire) {
+                    Self::SHARED => Err(self.shared()),
+                    _ => Ok(()),
+                }
+            }
             Entry::Occupied(other) => {
                 if other.get().state.swap(Self::SHARED, Ordering::AcqRel) != Self::SHARED {
                     log_error(format_args!("jobguard: {}", self.shared()));

@@ -852,9 +852,9 @@ impl InTransaction<'_> {
             Found::Reused => return Err(E::from(Error::KeyReused)),
             Found::Claimed => return Err(E::from(Error::InProgress)),
         }
-        match work(&mut *conn).await {
+        let failed = match work(&mut *conn).await {
             Ok(value) => {
-                store_result(
+                match store_result(
                     &mut *conn,
                     store_key,
                     (&scope, &stored),
@@ -863,20 +863,24 @@ impl InTransaction<'_> {
                     ttl,
                 )
                 .await
-                .map_err(E::from)?;
-                Ok(value)
+                {
+                    Ok(()) => return Ok(value),
+                    // Not replayable: the claim goes as after a failed body, so a caller that
+                    // commits anyway does not commit a held key.
+                    Err(error @ Error::Unreplayable(_)) => E::from(error),
+                    Err(error) => return Err(E::from(error)),
+                }
             }
-            Err(error) => {
-                // An aborted transaction refuses this; it is rolled back whole then anyway.
-                let _ = sqlx::query(RELEASE)
-                    .bind(&*scope)
-                    .bind(&*stored)
-                    .bind(&token)
-                    .execute(&mut *conn)
-                    .await;
-                Err(error)
-            }
-        }
+            Err(error) => error,
+        };
+        // An aborted transaction refuses this; it is rolled back whole then anyway.
+        let _ = sqlx::query(RELEASE)
+            .bind(&*scope)
+            .bind(&*stored)
+            .bind(&token)
+            .execute(&mut *conn)
+            .await;
+        Err(failed)
     }
 }
 
@@ -1078,10 +1082,14 @@ async fn store_result<T: crate::bounds::Replayable>(
     value: &T,
     ttl: Duration,
 ) -> Result<(), Error> {
-    // A result that could not be replayed fails the transaction, so the body's own writes are
-    // rolled back with the claim.
+    // A result that could not be replayed fails the call, and the caller rolls the body's
+    // writes back.
     let record = encode_replayable(value).map_err(|why| {
-        Error::Unreplayable(format!("the result for {}:{}: {why}", key.scope, key.key))
+        Error::Unreplayable(format!(
+            "the result for {}:{} cannot be kept to replay ({why}), so it was not stored; roll \
+             the transaction back",
+            key.scope, key.key
+        ))
     })?;
     sqlx::query(COMPLETE_IN)
         .bind(scope)

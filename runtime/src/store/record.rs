@@ -31,12 +31,17 @@ struct RecordIn<T> {
 
 /// The record of a job that completed with a result that could not be kept to replay: the
 /// key stays completed, and a replay is [`Error::Unreplayable`] with `unreplayable`'s reason.
-/// A build that predates it reads no `ok` in it and fails closed with [`Error::Corrupt`].
+/// Its version is [`UNREPLAYABLE_VERSION`], which a build that predates it refuses as
+/// [`Error::Corrupt`] (with version 1, such a build would read the missing `ok` of an
+/// `Option` result as `None`, a replay of a value the job never returned).
 #[derive(Serialize, Deserialize)]
 struct Unreplayable<'a> {
     v: u32,
     unreplayable: std::borrow::Cow<'a, str>,
 }
+
+/// The format version of the record of a result that could not be kept (see [`Unreplayable`]).
+const UNREPLAYABLE_VERSION: u32 = 2;
 
 /// The stored form of a job's `Ok` value, as every store keeps it.
 pub(crate) fn encode_record<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
@@ -49,19 +54,27 @@ pub(crate) fn encode_record<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_js
 /// The record of a job whose result `why` could not be kept: see [`Error::Unreplayable`].
 pub(crate) fn encode_unreplayable(why: &str) -> Vec<u8> {
     serde_json::to_vec(&Unreplayable {
-        v: RECORD_VERSION,
+        v: UNREPLAYABLE_VERSION,
         unreplayable: why.into(),
     })
-    .unwrap_or_else(|_| br#"{"v":1,"unreplayable":"the result could not be stored"}"#.to_vec())
+    .unwrap_or_else(|_| br#"{"v":2,"unreplayable":"the result could not be stored"}"#.to_vec())
 }
 
-/// The record of `value`, checked to read back as a `T`: `Err` with the reason when the value
-/// does not serialize, or serializes to something that does not decode as its own type (JSON
-/// keeps a `NaN` float as `null`), so that it is never stored to fail every replay.
+/// The record of `value`, checked to read back as a `T` when it holds a JSON `null` (what
+/// JSON makes of a `NaN` or infinite float, and of `None` and `()`): `Err` with the reason when
+/// the value does not serialize, or does not decode as its own type, so that it is never stored
+/// to fail every replay. A record without a `null` is not decoded: the check costs a scan.
+///
+/// Not caught: a `NaN` where `null` is a valid value (`Option<f64>` reads it back as `None`),
+/// and a type whose `Deserialize` does not read what its `Serialize` writes, in a record with
+/// no `null` (its replay fails with [`Error::Corrupt`]).
 pub(crate) fn encode_replayable<T: Serialize + DeserializeOwned>(
     value: &T,
 ) -> Result<Vec<u8>, String> {
     let record = encode_record(value).map_err(|e| format!("it does not serialize: {e}"))?;
+    if !record.windows(4).any(|w| w == b"null") {
+        return Ok(record);
+    }
     match serde_json::from_slice::<RecordIn<T>>(&record) {
         Ok(_) => Ok(record),
         Err(e) => Err(format!("it does not read back as its own type: {e}")),
@@ -77,14 +90,20 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     }
     let version: Version<'_> = serde_json::from_slice(bytes)
         .map_err(|e| Error::Corrupt(format!("idempotency record is not JSON: {e}")))?;
-    if version.v != RECORD_VERSION {
-        return Err(Error::Corrupt(format!(
-            "idempotency record format version {} (this build reads {RECORD_VERSION})",
-            version.v
-        )));
-    }
-    if let Some(why) = version.unreplayable {
-        return Err(Error::Unreplayable(why.into_owned()));
+    match (version.v, version.unreplayable) {
+        (RECORD_VERSION, None) => {}
+        (UNREPLAYABLE_VERSION, Some(why)) => {
+            return Err(Error::Unreplayable(format!(
+                "the job completed, but its result could not be kept to replay ({why}); it is \
+                 not run again"
+            )));
+        }
+        (v, _) => {
+            return Err(Error::Corrupt(format!(
+                "idempotency record format version {v} (this build reads {RECORD_VERSION} and \
+                 {UNREPLAYABLE_VERSION})"
+            )));
+        }
     }
     let record: RecordIn<T> = serde_json::from_slice(bytes).map_err(|e| {
         Error::Corrupt(format!(
@@ -132,8 +151,41 @@ mod tests {
     #[test]
     fn the_record_of_an_unreplayable_result_replays_as_its_error_for_any_type() {
         let record = encode_unreplayable("it does not serialize: \"quoted\"");
-        let expected = Error::Unreplayable("it does not serialize: \"quoted\"".into());
+        assert!(
+            record.starts_with(br#"{"v":2,"#),
+            "older builds refuse version 2"
+        );
+        let expected = Error::Unreplayable(
+            "the job completed, but its result could not be kept to replay (it does not \
+             serialize: \"quoted\"); it is not run again"
+                .into(),
+        );
         assert_eq!(decode::<u32>(&record), Err(expected.clone()));
+        assert_eq!(decode::<Option<u32>>(&record), Err(expected.clone()));
         assert_eq!(decode::<String>(&record), Err(expected));
+    }
+
+    #[test]
+    fn an_unknown_version_or_a_marker_under_version_one_is_corrupt() {
+        for record in [
+            &br#"{"v":3,"ok":1}"#[..],
+            br#"{"v":1,"unreplayable":"x"}"#,
+            br#"{"v":2,"ok":1}"#,
+        ] {
+            assert!(
+                matches!(decode::<Option<u32>>(record), Err(Error::Corrupt(_))),
+                "{}",
+                String::from_utf8_lossy(record)
+            );
+        }
+    }
+
+    #[test]
+    fn a_record_without_null_is_not_decoded_and_one_with_null_is() {
+        assert!(encode_replayable(&Some(1.5f64)).is_ok());
+        assert!(encode_replayable(&None::<f64>).is_ok());
+        assert!(encode_replayable(&vec![1.0, f64::NAN]).is_err());
+        // JSON cannot tell this `NaN` from `None`: stored, and read back as `None`.
+        assert!(encode_replayable(&Some(f64::NAN)).is_ok());
     }
 }
