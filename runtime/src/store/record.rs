@@ -72,7 +72,8 @@ pub(crate) fn encode_replayable<T: Serialize + DeserializeOwned>(
     value: &T,
 ) -> Result<Vec<u8>, String> {
     let record = encode_record(value).map_err(|e| format!("it does not serialize: {e}"))?;
-    if !record.windows(4).any(|w| w == b"null") {
+    // The JSON is UTF-8, and `str`'s search is much faster than a byte-window scan.
+    if !std::str::from_utf8(&record).map_or(true, |json| json.contains("null")) {
         return Ok(record);
     }
     match serde_json::from_slice::<RecordIn<T>>(&record) {
