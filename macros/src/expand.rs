@@ -52,6 +52,12 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         }
     };
 
+    if kind == Kind::Retry && expanded_by_idempotent(&func) {
+        errors.at(Span::call_site(), RETRY_OUTSIDE_IDEMPOTENT);
+        let errors = errors.into_compile_error();
+        return quote!(#func #errors);
+    }
+
     let mut retry = None;
     let mut idempotent = None;
     let mut idempotent_span = Span::call_site();
@@ -124,6 +130,38 @@ fn is_expanded_marker(args: &TokenStream) -> bool {
         (Some(proc_macro2::TokenTree::Ident(i)), None) if i == "__jobguard_expanded"
     )
 }
+
+/// `#[retry]` written above a renamed `#[idempotent]` is found by neither: `#[idempotent]`
+/// expands first, and `#[retry]` receives its expansion, which it would wrap in the loop.
+const RETRY_OUTSIDE_IDEMPOTENT: &str = "`#[retry]` must be inside `#[idempotent]`, and here it \
+    would wrap a function `#[idempotent]` has expanded already, so every attempt would claim the \
+    key anew; jobguard could not tell the two attributes apart because one is imported under \
+    another name: import them as `idempotent` and `retry` (`use jobguard::{idempotent, retry};`), \
+    or write `#[jobguard::idempotent]` and `#[jobguard::retry]`";
+
+/// Whether `func` is the expansion of `#[idempotent]`: its body binds `__jobguard_idempotent`
+/// (`let __jobguard_idempotent = ...;`, or inside `__private::transaction! { ... }`). No user
+/// code names it, so the binding marks the expansion without adding anything to it.
+fn expanded_by_idempotent(func: &ItemFn) -> bool {
+    let binds = |pat: &syn::Pat| matches!(pat, syn::Pat::Ident(p) if p.ident == IDEMPOTENT_BINDING);
+    func.block.stmts.iter().any(|stmt| match stmt {
+        syn::Stmt::Local(local) => binds(&local.pat),
+        syn::Stmt::Macro(syn::StmtMacro { mac, .. })
+        | syn::Stmt::Expr(syn::Expr::Macro(syn::ExprMacro { mac, .. }), _) => {
+            mac.path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "transaction")
+                && mac.tokens.clone().into_iter().any(
+                    |t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == IDEMPOTENT_BINDING),
+                )
+        }
+        _ => false,
+    })
+}
+
+/// The binding that holds the claim in `#[idempotent]`'s expansion.
+const IDEMPOTENT_BINDING: &str = "__jobguard_idempotent";
 
 /// `#[retry]`, `#[jobguard::retry]`, `#[idempotent]`, `#[jobguard::idempotent]` (or under a
 /// re-exporting path that names `jobguard`).
@@ -577,5 +615,54 @@ fn transaction_call(
             let __jobguard_idempotent = #call;
             #run
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, attribute, expanded_by_idempotent};
+    use proc_macro2::TokenStream;
+
+    fn expand(kind: Kind, args: &str, item: &str) -> TokenStream {
+        attribute(kind, args.parse().unwrap(), item.parse().unwrap())
+    }
+
+    const JOB: &str = "async fn job(id: &str) -> Result<u32, E> { Ok(1) }";
+    const TX_JOB: &str =
+        "async fn job(tx: &mut PgConnection, id: &str) -> Result<u32, E> { Ok(1) }";
+
+    #[test]
+    fn idempotent_expansions_are_recognised() {
+        for (args, item) in [
+            ("key = id", JOB),
+            (r#"key = id, ttl = "1h", in_progress = wait("2s")"#, JOB),
+            ("key = id, transaction = tx", TX_JOB),
+        ] {
+            let out = expand(Kind::Idempotent, args, item);
+            let func: syn::ItemFn = syn::parse2(out).unwrap();
+            assert!(expanded_by_idempotent(&func), "{args}");
+        }
+        let retried: syn::ItemFn = syn::parse2(expand(Kind::Retry, "attempts = 3", JOB)).unwrap();
+        assert!(!expanded_by_idempotent(&retried));
+        assert!(!expanded_by_idempotent(&syn::parse_str(JOB).unwrap()));
+    }
+
+    // `use jobguard::{idempotent as once, retry as with_retry}`, then `#[once(key = id)]` above
+    // `#[with_retry]`: `#[with_retry]` is not taken as the sibling, and receives the expansion.
+    #[test]
+    fn retry_outside_an_expanded_idempotent_is_an_error() {
+        let item = format!("#[with_retry(attempts = 3)] {JOB}");
+        let once = expand(Kind::Idempotent, "key = id", &item);
+        let mut func: syn::ItemFn = syn::parse2(once).unwrap();
+        assert_eq!(
+            func.attrs.len(),
+            1,
+            "`#[with_retry]` is kept for rustc to expand"
+        );
+        func.attrs.clear();
+        let body = quote::quote!(#func).to_string();
+        let out = expand(Kind::Retry, "attempts = 3", &body).to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("must be inside"), "{out}");
     }
 }
