@@ -254,6 +254,7 @@ fn expand(
         }
     };
     let body = attempt_block(&block, ret);
+    let brace = block.brace_token.span.join();
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
@@ -284,12 +285,19 @@ fn expand(
     let sink = retry
         .and_then(|r| r.dead_letter.as_ref())
         .map(|d| quote_spanned!(d.span()=> let __jobguard_sink = #krate::__private::sink(&#d);));
-    quote! {
-        #(#attrs)*
-        #vis #sig {
+    // The body's braces are the user's: the item then spans the user's tokens alone, so rustc
+    // treats it as the user's and lints it as such (an uncalled function is `dead_code`).
+    let mut body = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Brace,
+        quote! {
             #sink
             #outer
-        }
+        },
+    );
+    body.set_span(brace);
+    quote! {
+        #(#attrs)*
+        #vis #sig #body
     }
 }
 
