@@ -264,8 +264,11 @@ fn expand(
             let body = match &i.transaction {
                 Some(tx) => {
                     let stmts = attempt_stmts(&block, ret);
-                    quote! {
-                        #krate::__private::savepoint(
+                    // On the return type, where `Idempotent`'s own bounds are reported: a missing
+                    // `From<jobguard::Error>` is one error.
+                    let savepoint = respanned(&quote!(#krate::__private::savepoint), ret.span());
+                    quote_spanned! {ret.span()=>
+                        #savepoint(
                             &mut *#tx,
                             async |#tx: &mut #krate::__private::PgConnection| { #stmts },
                         )
@@ -364,6 +367,26 @@ fn duration(arg: &DurationArg) -> TokenStream {
         }
         DurationArg::Expr(e) => quote!(#e),
     }
+}
+
+/// `tokens` with every span set to `span`. A path such as `::jobguard` is resolved at the call
+/// site either way; only where an error about it is reported changes.
+fn respanned(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(g) = &token {
+                let mut group =
+                    proc_macro2::Group::new(g.delimiter(), respanned(&g.stream(), span));
+                group.set_span(span);
+                token = group.into();
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }
 
 fn retry_loop(
@@ -469,12 +492,17 @@ fn retry_loop(
         (false, true) => ("attempt_permitted", quote!(__jobguard_breaker,)),
         (false, false) => ("attempt", quote!()),
     };
-    let guarded = timed || r.breaker.is_some();
     let method = Ident::new(method, ret.span());
+    // Each path carries, `krate` included, the span of the tokens it is about: a path whose
+    // tokens mix spans is reported on the whole attribute.
     let classify = match &r.on {
-        None => quote_spanned!(ret.span()=> #krate::__private::transient),
+        None => {
+            let krate = respanned(krate, ret.span());
+            quote_spanned!(ret.span()=> #krate::__private::transient)
+        }
         Some(On::Transient(span)) => {
             let span = ret.span().join(*span).unwrap_or_else(|| ret.span());
+            let krate = respanned(krate, span);
             quote_spanned!(span=> #krate::__private::transient)
         }
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
@@ -489,13 +517,10 @@ fn retry_loop(
             .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
         }
     });
-    // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
-    // reported once, there, rather than once there and again on the whole attribute.
-    let call = if guarded {
-        quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
-    } else {
-        quote!(__jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
-    };
+    // The call carries the return type's span: a bound the error type misses (`Transient`, or
+    // `From<jobguard::Error>` when guarded) is then reported once, there, rather than once there
+    // and again on the whole attribute.
+    let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy

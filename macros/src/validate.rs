@@ -189,6 +189,8 @@ pub(crate) fn idempotent(
         }
     };
     match &args.key {
+        // The misspelling is reported already, with `key` as the fix.
+        None if args.key_misspelled => {}
         None => errors.at(
             attr_span,
             format!(
