@@ -109,7 +109,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry jobguard's own errors",
     label = "this error type needs `From<jobguard::Error>`",
-    note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add `impl From<jobguard::Error> for {Self}`, or a variant `#[transient(from)] Jobguard(#[from] jobguard::Error)`"
+    note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add a variant `#[transient(from)] Jobguard(jobguard::Error)` and `impl From<jobguard::Error> for {Self} {{ fn from(e: jobguard::Error) -> Self {{ Self::Jobguard(e) }} }}` (with thiserror, `Jobguard(#[from] jobguard::Error)` writes the `impl`)"
 )]
 pub trait FromJobguard: From<crate::Error> {}
 impl<E: From<crate::Error>> FromJobguard for E {}
