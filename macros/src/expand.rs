@@ -508,11 +508,15 @@ fn retry_loop(
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
         // Through a closure, so that a classifier of the wrong type is one error, on its path,
         // and the round the loop awaits is well-typed whatever the path names.
-        Some(On::Classifier(f)) => quote_spanned! {f.span()=>
-            |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
-        },
+        Some(On::Classifier(f)) => {
+            let krate = respanned(krate, f.span());
+            quote_spanned! {f.span()=>
+                |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
+            }
+        }
     };
     let on_ok = r.on_ok.as_ref().map(|k| {
+        let krate = respanned(krate, k.span());
         quote_spanned! {k.span()=>
             .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
         }

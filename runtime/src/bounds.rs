@@ -41,8 +41,27 @@ impl RetryAfter for Option<Duration> {
 
 /// `on = path`: the classifier's verdict on the error.
 #[inline(always)]
-pub fn classify<E, C: FnOnce(&E) -> V, V: Into<Verdict>>(classifier: C, error: &E) -> Verdict {
-    classifier(error).into()
+pub fn classify<E, C: FnOnce(&E) -> V, V: IntoVerdict>(classifier: C, error: &E) -> Verdict {
+    classifier(error).into_verdict()
+}
+
+/// What an `on` classifier returns: a [`Verdict`], or a `bool` (`true` retries); named so that
+/// another return type is one error in words.
+#[diagnostic::on_unimplemented(
+    message = "a classifier returns `jobguard::Verdict` or `bool`, not `{Self}`",
+    label = "`on` needs a `fn(&E) -> jobguard::Verdict` or `fn(&E) -> bool`",
+    note = "return `Verdict::Retry` (or `true`) to retry the failure, `Verdict::RetryAfter(d)` to retry after `d`, and `Verdict::Fail` (or `false`) to give up"
+)]
+pub trait IntoVerdict {
+    /// The verdict this return value stands for.
+    fn into_verdict(self) -> Verdict;
+}
+#[diagnostic::do_not_recommend]
+impl<V: Into<Verdict>> IntoVerdict for V {
+    #[inline(always)]
+    fn into_verdict(self) -> Verdict {
+        self.into()
+    }
 }
 
 /// `on_ok = path`: the classifier's verdict on the `Ok` value.
