@@ -147,6 +147,9 @@ pub(crate) struct IdempotentArgs {
     pub in_progress: Option<InProgress>,
     pub transaction: Option<Expr>,
     pub krate: Option<Path>,
+    /// An unknown argument was reported with "did you mean `key`?" (`keys = order_id`), so a
+    /// missing `key` is not reported a second time.
+    pub key_misspelled: bool,
 }
 
 /// Stores `value` in `slot`, or reports the key given twice.
@@ -189,13 +192,21 @@ fn key_name(meta: &ParseNestedMeta<'_>) -> String {
         })
 }
 
-fn unknown(key: &str, span: Span, valid: &[&str], what: &str, errors: &mut Errors) {
+/// Reports an unknown argument; returns the valid name suggested for it, if any.
+fn unknown(
+    key: &str,
+    span: Span,
+    valid: &[&'static str],
+    what: &str,
+    errors: &mut Errors,
+) -> Option<&'static str> {
     let list = valid
         .iter()
         .map(|k| format!("`{k}`"))
         .collect::<Vec<_>>()
         .join(", ");
-    let hint = match nearest(key, valid) {
+    let near = nearest(key, valid);
+    let hint = match near {
         Some(near) => format!("; did you mean `{near}`?"),
         None => String::new(),
     };
@@ -203,6 +214,7 @@ fn unknown(key: &str, span: Span, valid: &[&str], what: &str, errors: &mut Error
         span,
         format!("unknown argument `{key}` for `#[{what}]`{hint}\nvalid arguments: {list}"),
     );
+    near
 }
 
 /// The valid name closest to `typo`, when it is close enough to be a typo.
@@ -316,23 +328,32 @@ pub(crate) fn names<A>(keys: &[Key<A>]) -> Vec<&'static str> {
 
 /// Parses `#[retry(...)]`'s arguments.
 pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
-    parse(tokens, "retry", RETRY, errors)
+    parse(tokens, "retry", RETRY, errors).0
 }
 
 /// Parses `#[idempotent(...)]`'s arguments.
 pub(crate) fn idempotent(tokens: TokenStream, errors: &mut Errors) -> IdempotentArgs {
-    parse(tokens, "idempotent", IDEMPOTENT, errors)
+    let (mut args, suggested) = parse(tokens, "idempotent", IDEMPOTENT, errors);
+    args.key_misspelled = suggested.contains(&"key");
+    args
 }
 
 /// The one parser: `key = value` pairs from `keys`, each at most once; an unknown key is named
-/// with every valid one and the nearest.
-fn parse<A: Default>(tokens: TokenStream, what: &str, keys: &[Key<A>], errors: &mut Errors) -> A {
+/// with every valid one and the nearest. Returns the arguments and the names suggested for
+/// unknown keys.
+fn parse<A: Default>(
+    tokens: TokenStream,
+    what: &str,
+    keys: &[Key<A>],
+    errors: &mut Errors,
+) -> (A, Vec<&'static str>) {
     let mut args = A::default();
+    let mut suggested = Vec::new();
     let parser = syn::meta::parser(|meta| {
         let key = key_name(&meta);
         let span = meta.path.span();
         let Some(entry) = keys.iter().find(|k| k.name == key) else {
-            unknown(&key, span, &names(keys), what, errors);
+            suggested.extend(unknown(&key, span, &names(keys), what, errors));
             if meta.input.peek(syn::Token![=]) {
                 let _: Expr = meta.value()?.parse()?;
             }
@@ -346,7 +367,7 @@ fn parse<A: Default>(tokens: TokenStream, what: &str, keys: &[Key<A>], errors: &
     if let Err(e) = parser.parse2(tokens) {
         errors.push(e);
     }
-    args
+    (args, suggested)
 }
 
 fn attempts(expr: Expr, errors: &mut Errors) -> Option<Expr> {

@@ -44,8 +44,8 @@ pub(crate) fn written(key: &str, value: &str) -> String {
     }
 }
 
-/// Parses a duration literal: one or more `<number><unit>` parts, units `ns`, `us`, `ms`, `s`,
-/// `m`, `h`, `d`; a part's number may have a fraction (`1.5s`).
+/// Parses a duration literal: one or more `<number><unit>` parts, units `ns`, `us` (or `µs`),
+/// `ms`, `s`, `m`, `h`, `d`; a part's number may have a fraction (`1.5s`).
 pub(crate) fn parse(text: &str) -> Result<Duration, Bad> {
     strict(text).map_err(|(reason, respell)| Bad {
         reason,
@@ -65,16 +65,16 @@ fn suggestion(text: &str) -> Option<String> {
             .unwrap_or(rest.len());
         let (num, tail) = rest.split_at(num_len);
         let tail = tail.trim_start();
-        let unit_len = tail
-            .find(|c: char| !c.is_ascii_alphabetic())
-            .unwrap_or(tail.len());
+        let unit_len = tail.find(|c: char| !is_unit_char(c)).unwrap_or(tail.len());
         let (word, tail) = tail.split_at(unit_len);
         if num.is_empty() {
             return None;
         }
         let unit = match word.to_ascii_lowercase().as_str() {
             "ns" | "nsec" | "nsecs" | "nanos" | "nanosecond" | "nanoseconds" => "ns",
-            "us" | "µs" | "usec" | "usecs" | "micros" | "microsecond" | "microseconds" => "us",
+            "us" | "µs" | "μs" | "usec" | "usecs" | "micros" | "microsecond" | "microseconds" => {
+                "us"
+            }
             "ms" | "msec" | "msecs" | "millis" | "millisecond" | "milliseconds" => "ms",
             "s" | "sec" | "secs" | "second" | "seconds" => "s",
             "m" | "min" | "mins" | "minute" | "minutes" => "m",
@@ -87,6 +87,12 @@ fn suggestion(text: &str) -> Option<String> {
         rest = tail.trim_start();
     }
     strict(&fixed).ok().map(|_| fixed)
+}
+
+/// A letter of a unit: ASCII, or the `µ` of `µs` (the micro sign, or the Greek mu it is often
+/// typed as).
+fn is_unit_char(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '\u{b5}' || c == '\u{3bc}'
 }
 
 /// The parser proper. On failure: the reason, and whether a respelling can fix it.
@@ -108,16 +114,14 @@ fn strict(text: &str) -> Result<Duration, (String, bool)> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(rest.len());
         let (num, tail) = rest.split_at(num_len);
-        let unit_len = tail
-            .find(|c: char| !c.is_ascii_alphabetic())
-            .unwrap_or(tail.len());
+        let unit_len = tail.find(|c: char| !is_unit_char(c)).unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
         if num.is_empty() {
             return Err((format!("expected a number before `{}`", rest), true));
         }
         let nanos_per: u128 = match unit {
             "ns" => 1,
-            "us" | "µs" => 1_000,
+            "us" | "µs" | "μs" => 1_000,
             "ms" => 1_000_000,
             "s" => 1_000_000_000,
             "m" => 60_000_000_000,
@@ -180,6 +184,23 @@ mod tests {
         assert_eq!(ms("24h"), 86_400_000);
         assert_eq!(ms("0s"), 0);
         assert_eq!(parse("10us").unwrap(), Duration::from_micros(10));
+    }
+
+    #[test]
+    fn micro_sign() {
+        // The micro sign (U+00B5) and the Greek mu (U+03BC) look alike; both spell micros.
+        assert_eq!(parse("5\u{b5}s").unwrap(), Duration::from_micros(5));
+        assert_eq!(parse("5\u{3bc}s").unwrap(), Duration::from_micros(5));
+        assert_eq!(parse("5us").unwrap(), Duration::from_micros(5));
+        assert_eq!(parse("1ms250µs").unwrap(), Duration::from_micros(1250));
+        assert_eq!(parse("1.5µs").unwrap(), Duration::from_nanos(1500));
+        let why = |s| parse(s).unwrap_err().message("base", s);
+        assert!(
+            why("5 µs").contains("write `base = \"5us\"`"),
+            "{}",
+            why("5 µs")
+        );
+        assert!(why("5µ").contains("`µ` is not a unit"), "{}", why("5µ"));
     }
 
     #[test]

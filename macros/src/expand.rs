@@ -52,6 +52,12 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         }
     };
 
+    if kind == Kind::Retry && expanded_by_idempotent(&func) {
+        errors.at(Span::call_site(), RETRY_OUTSIDE_IDEMPOTENT);
+        let errors = errors.into_compile_error();
+        return quote!(#func #errors);
+    }
+
     let mut retry = None;
     let mut idempotent = None;
     let mut idempotent_span = Span::call_site();
@@ -124,6 +130,38 @@ fn is_expanded_marker(args: &TokenStream) -> bool {
         (Some(proc_macro2::TokenTree::Ident(i)), None) if i == "__jobguard_expanded"
     )
 }
+
+/// `#[retry]` written above a renamed `#[idempotent]` is found by neither: `#[idempotent]`
+/// expands first, and `#[retry]` receives its expansion, which it would wrap in the loop.
+const RETRY_OUTSIDE_IDEMPOTENT: &str = "`#[retry]` must be inside `#[idempotent]`, and here it \
+    would wrap a function `#[idempotent]` has expanded already, so every attempt would claim the \
+    key anew; jobguard could not tell the two attributes apart because one is imported under \
+    another name: import them as `idempotent` and `retry` (`use jobguard::{idempotent, retry};`), \
+    or write `#[jobguard::idempotent]` and `#[jobguard::retry]`";
+
+/// Whether `func` is the expansion of `#[idempotent]`: its body binds `__jobguard_idempotent`
+/// (`let __jobguard_idempotent = ...;`, or inside `__private::transaction! { ... }`). No user
+/// code names it, so the binding marks the expansion without adding anything to it.
+fn expanded_by_idempotent(func: &ItemFn) -> bool {
+    let binds = |pat: &syn::Pat| matches!(pat, syn::Pat::Ident(p) if p.ident == IDEMPOTENT_BINDING);
+    func.block.stmts.iter().any(|stmt| match stmt {
+        syn::Stmt::Local(local) => binds(&local.pat),
+        syn::Stmt::Macro(syn::StmtMacro { mac, .. })
+        | syn::Stmt::Expr(syn::Expr::Macro(syn::ExprMacro { mac, .. }), _) => {
+            mac.path
+                .segments
+                .last()
+                .is_some_and(|s| s.ident == "transaction")
+                && mac.tokens.clone().into_iter().any(
+                    |t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == IDEMPOTENT_BINDING),
+                )
+        }
+        _ => false,
+    })
+}
+
+/// The binding that holds the claim in `#[idempotent]`'s expansion.
+const IDEMPOTENT_BINDING: &str = "__jobguard_idempotent";
 
 /// `#[retry]`, `#[jobguard::retry]`, `#[idempotent]`, `#[jobguard::idempotent]` (or under a
 /// re-exporting path that names `jobguard`).
@@ -219,6 +257,7 @@ fn expand(
         }
     };
     let body = attempt_block(&block, ret);
+    let brace = block.brace_token.span.join();
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
@@ -228,8 +267,11 @@ fn expand(
             let body = match &i.transaction {
                 Some(tx) => {
                     let stmts = attempt_stmts(&block, ret);
-                    quote! {
-                        #krate::__private::savepoint(
+                    // On the return type, where `Idempotent`'s own bounds are reported: a missing
+                    // `From<jobguard::Error>` is one error.
+                    let savepoint = respanned(&quote!(#krate::__private::savepoint), ret.span());
+                    quote_spanned! {ret.span()=>
+                        #savepoint(
                             &mut *#tx,
                             async |#tx: &mut #krate::__private::PgConnection| { #stmts },
                         )
@@ -257,12 +299,19 @@ fn expand(
     let sink = retry
         .and_then(|r| r.dead_letter.as_ref())
         .map(|d| quote_spanned!(d.span()=> let __jobguard_sink = #krate::__private::sink(&#d);));
-    quote! {
-        #(#attrs)*
-        #vis #sig {
+    // The body's braces are the user's: the item then spans the user's tokens alone, so rustc
+    // treats it as the user's and lints it as such (an uncalled function is `dead_code`).
+    let mut body = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Brace,
+        quote! {
             #sink
             #outer
-        }
+        },
+    );
+    body.set_span(brace);
+    quote! {
+        #(#attrs)*
+        #vis #sig #body
     }
 }
 
@@ -329,6 +378,26 @@ fn duration(arg: &DurationArg) -> TokenStream {
         }
         DurationArg::Expr(e) => quote!(#e),
     }
+}
+
+/// `tokens` with every span set to `span`. A path such as `::jobguard` is resolved at the call
+/// site either way; only where an error about it is reported changes.
+fn respanned(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(g) = &token {
+                let mut group =
+                    proc_macro2::Group::new(g.delimiter(), respanned(&g.stream(), span));
+                group.set_span(span);
+                token = group.into();
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }
 
 fn retry_loop(
@@ -434,33 +503,39 @@ fn retry_loop(
         (false, true) => ("attempt_permitted", quote!(__jobguard_breaker,)),
         (false, false) => ("attempt", quote!()),
     };
-    let guarded = timed || r.breaker.is_some();
     let method = Ident::new(method, ret.span());
+    // Each path carries, `krate` included, the span of the tokens it is about: a path whose
+    // tokens mix spans is reported on the whole attribute.
     let classify = match &r.on {
-        None => quote_spanned!(ret.span()=> #krate::__private::transient),
+        None => {
+            let krate = respanned(krate, ret.span());
+            quote_spanned!(ret.span()=> #krate::__private::transient)
+        }
         Some(On::Transient(span)) => {
             let span = ret.span().join(*span).unwrap_or_else(|| ret.span());
+            let krate = respanned(krate, span);
             quote_spanned!(span=> #krate::__private::transient)
         }
         Some(On::All(span)) => quote_spanned!(*span=> #krate::__private::all),
         // Through a closure, so that a classifier of the wrong type is one error, on its path,
         // and the round the loop awaits is well-typed whatever the path names.
-        Some(On::Classifier(f)) => quote_spanned! {f.span()=>
-            |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
-        },
+        Some(On::Classifier(f)) => {
+            let krate = respanned(krate, f.span());
+            quote_spanned! {f.span()=>
+                |__jobguard_error: &_| #krate::__private::classify(#f, __jobguard_error)
+            }
+        }
     };
     let on_ok = r.on_ok.as_ref().map(|k| {
+        let krate = respanned(krate, k.span());
         quote_spanned! {k.span()=>
             .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
         }
     });
-    // A guarded call carries the return type's span: a missing `From<jobguard::Error>` is then
-    // reported once, there, rather than once there and again on the whole attribute.
-    let call = if guarded {
-        quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
-    } else {
-        quote!(__jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await)
-    };
+    // The call carries the return type's span: a bound the error type misses (`Transient`, or
+    // `From<jobguard::Error>` when guarded) is then reported once, there, rather than once there
+    // and again on the whole attribute.
+    let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
@@ -615,5 +690,54 @@ fn transaction_call(
             let __jobguard_idempotent = #call;
             #run
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, attribute, expanded_by_idempotent};
+    use proc_macro2::TokenStream;
+
+    fn expand(kind: Kind, args: &str, item: &str) -> TokenStream {
+        attribute(kind, args.parse().unwrap(), item.parse().unwrap())
+    }
+
+    const JOB: &str = "async fn job(id: &str) -> Result<u32, E> { Ok(1) }";
+    const TX_JOB: &str =
+        "async fn job(tx: &mut PgConnection, id: &str) -> Result<u32, E> { Ok(1) }";
+
+    #[test]
+    fn idempotent_expansions_are_recognised() {
+        for (args, item) in [
+            ("key = id", JOB),
+            (r#"key = id, ttl = "1h", in_progress = wait("2s")"#, JOB),
+            ("key = id, transaction = tx", TX_JOB),
+        ] {
+            let out = expand(Kind::Idempotent, args, item);
+            let func: syn::ItemFn = syn::parse2(out).unwrap();
+            assert!(expanded_by_idempotent(&func), "{args}");
+        }
+        let retried: syn::ItemFn = syn::parse2(expand(Kind::Retry, "attempts = 3", JOB)).unwrap();
+        assert!(!expanded_by_idempotent(&retried));
+        assert!(!expanded_by_idempotent(&syn::parse_str(JOB).unwrap()));
+    }
+
+    // `use jobguard::{idempotent as once, retry as with_retry}`, then `#[once(key = id)]` above
+    // `#[with_retry]`: `#[with_retry]` is not taken as the sibling, and receives the expansion.
+    #[test]
+    fn retry_outside_an_expanded_idempotent_is_an_error() {
+        let item = format!("#[with_retry(attempts = 3)] {JOB}");
+        let once = expand(Kind::Idempotent, "key = id", &item);
+        let mut func: syn::ItemFn = syn::parse2(once).unwrap();
+        assert_eq!(
+            func.attrs.len(),
+            1,
+            "`#[with_retry]` is kept for rustc to expand"
+        );
+        func.attrs.clear();
+        let body = quote::quote!(#func).to_string();
+        let out = expand(Kind::Retry, "attempts = 3", &body).to_string();
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("must be inside"), "{out}");
     }
 }

@@ -85,8 +85,31 @@ fn is_result(ty: &Type) -> bool {
     }
 }
 
-/// `cap < base`, where both are known at compile time (a default counts).
+/// `cap < base`, where both are known at compile time (a default counts); `timeout` and
+/// `budget`, when literals, are not zero.
 pub(crate) fn retry(args: &RetryArgs, errors: &mut Errors) {
+    let zero = |arg: &Option<crate::args::DurationArg>| {
+        arg.as_ref()
+            .filter(|d| d.literal().is_some_and(|d| d.is_zero()))
+            .map(|d| d.span())
+    };
+    if let Some(span) = zero(&args.timeout) {
+        errors.at(
+            span,
+            "`timeout` is zero, so every attempt would be cut at once and the job could never \
+             succeed; `timeout` is the longest one attempt may run, such as `timeout = \"10s\"`, \
+             or leave it out for no limit",
+        );
+    }
+    if let Some(span) = zero(&args.budget) {
+        errors.at(
+            span,
+            "`budget` is zero, so the job would be out of time before its first attempt ended; \
+             `budget` is the total time for all attempts and their delays, such as \
+             `budget = \"1m\"`, or leave it out for no limit",
+        );
+    }
+
     const DEFAULT_BASE: std::time::Duration = std::time::Duration::from_millis(500);
     const DEFAULT_CAP: std::time::Duration = std::time::Duration::from_secs(8);
     let base = match &args.base {
@@ -166,6 +189,8 @@ pub(crate) fn idempotent(
         }
     };
     match &args.key {
+        // The misspelling is reported already, with `key` as the fix.
+        None if args.key_misspelled => {}
         None => errors.at(
             attr_span,
             format!(

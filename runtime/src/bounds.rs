@@ -41,8 +41,27 @@ impl RetryAfter for Option<Duration> {
 
 /// `on = path`: the classifier's verdict on the error.
 #[inline(always)]
-pub fn classify<E, C: FnOnce(&E) -> V, V: Into<Verdict>>(classifier: C, error: &E) -> Verdict {
-    classifier(error).into()
+pub fn classify<E, C: FnOnce(&E) -> V, V: IntoVerdict>(classifier: C, error: &E) -> Verdict {
+    classifier(error).into_verdict()
+}
+
+/// What an `on` classifier returns: a [`Verdict`], or a `bool` (`true` retries); named so that
+/// another return type is one error in words.
+#[diagnostic::on_unimplemented(
+    message = "a classifier returns `jobguard::Verdict` or `bool`, not `{Self}`",
+    label = "`on` needs a `fn(&E) -> jobguard::Verdict` or `fn(&E) -> bool`",
+    note = "return `Verdict::Retry` (or `true`) to retry the failure, `Verdict::RetryAfter(d)` to retry after `d`, and `Verdict::Fail` (or `false`) to give up"
+)]
+pub trait IntoVerdict {
+    /// The verdict this return value stands for.
+    fn into_verdict(self) -> Verdict;
+}
+#[diagnostic::do_not_recommend]
+impl<V: Into<Verdict>> IntoVerdict for V {
+    #[inline(always)]
+    fn into_verdict(self) -> Verdict {
+        self.into()
+    }
 }
 
 /// `on_ok = path`: the classifier's verdict on the `Ok` value.
@@ -109,7 +128,7 @@ impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry jobguard's own errors",
     label = "this error type needs `From<jobguard::Error>`",
-    note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add `impl From<jobguard::Error> for {Self}`, or a variant `#[transient(from)] Jobguard(#[from] jobguard::Error)`"
+    note = "`timeout`, `budget`, `breaker` and `#[idempotent]` can fail on their own (a cut attempt, a spent budget, an open breaker, an unreachable store); add a variant `#[transient(from)] Jobguard(jobguard::Error)` and `impl From<jobguard::Error> for {Self} {{ fn from(e: jobguard::Error) -> Self {{ Self::Jobguard(e) }} }}` (with thiserror, `Jobguard(#[from] jobguard::Error)` writes the `impl`)"
 )]
 pub trait FromJobguard: From<crate::Error> {}
 impl<E: From<crate::Error>> FromJobguard for E {}

@@ -1262,7 +1262,7 @@ WHERE scope = $1 AND key = $2 AND token = $3
 pub async fn savepoint<T, E, F>(conn: &mut PgConnection, work: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
-    E: From<Error>,
+    E: crate::bounds::FromJobguard,
 {
     let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
     sqlx::query("SAVEPOINT jobguard_attempt")

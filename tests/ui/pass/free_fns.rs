@@ -64,6 +64,12 @@ async fn io_result(path: &str) -> io::Result<usize> {
     Ok(path.len())
 }
 
+// `µs` and `us` both spell microseconds.
+#[jobguard::retry(attempts = 2, base = "5µs", cap = "20us")]
+async fn micros(n: u32) -> Result<u32, GatewayError> {
+    Ok(n)
+}
+
 #[jobguard::retry]
 async fn generic<T: Display>(value: T) -> Result<String, GatewayError> {
     Ok(value.to_string())
@@ -114,6 +120,7 @@ async fn main() {
         Err(GatewayError::Io(_))
     ));
     assert_eq!(io_result("abc").await.unwrap(), 3);
+    assert_eq!(micros(4).await.unwrap(), 4);
     assert_eq!(generic(5).await.unwrap(), "5");
     assert_eq!(with_where("a", 1).await.unwrap(), "a1");
     assert_eq!(with_lifetimes("ab", "c").await.unwrap(), "ab");
