@@ -65,18 +65,36 @@ async fn ratio(id: &str, value: f64) -> Result<f64, io::Error> {
     Ok(value)
 }
 
-#[tokio::test]
-async fn a_result_that_does_not_read_back_is_not_stored_to_fail_as_corrupt() {
-    assert!(ratio("ratio-nan", f64::NAN).await.unwrap().is_nan());
-    let again = ratio("ratio-nan", f64::NAN).await.unwrap_err();
-    match jobguard_error(&again) {
-        jobguard::Error::Unreplayable(why) => {
-            assert!(why.contains("does not read back"), "{why}")
-        }
+/// The same in an `Option`, where `null` would read back as `None`: a value never returned.
+#[idempotent(key = id)]
+async fn maybe_ratio(id: &str, value: Option<f64>) -> Result<Option<f64>, io::Error> {
+    RATIO_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(value)
+}
+
+/// The reason an `Unreplayable` error gives.
+fn unreplayable(e: &io::Error) -> &str {
+    match jobguard_error(e) {
+        jobguard::Error::Unreplayable(why) => why,
         other => panic!("expected Unreplayable, got {other:?}"),
     }
-    // An ordinary value of the same job is stored and replayed.
+}
+
+#[tokio::test]
+async fn a_float_json_cannot_keep_is_never_stored_to_fail_or_to_replay_as_none() {
+    assert!(ratio("ratio-nan", f64::NAN).await.unwrap().is_nan());
+    let again = ratio("ratio-nan", f64::NAN).await.unwrap_err();
+    assert!(unreplayable(&again).contains("the float NaN"), "{again}");
+    let first = maybe_ratio("maybe-inf", Some(f64::INFINITY)).await.unwrap();
+    assert_eq!(first, Some(f64::INFINITY));
+    let again = maybe_ratio("maybe-inf", Some(f64::INFINITY))
+        .await
+        .unwrap_err();
+    assert!(unreplayable(&again).contains("the float inf"), "{again}");
+    // Ordinary values of the same jobs, `None` included, are stored and replayed.
     assert_eq!(ratio("ratio-1.5", 1.5).await.unwrap(), 1.5);
     assert_eq!(ratio("ratio-1.5", 1.5).await.unwrap(), 1.5);
-    assert_eq!(RATIO_RUNS.load(Ordering::SeqCst), 2, "one run per key");
+    assert_eq!(maybe_ratio("maybe-none", None).await.unwrap(), None);
+    assert_eq!(maybe_ratio("maybe-none", Some(2.0)).await.unwrap(), None);
+    assert_eq!(RATIO_RUNS.load(Ordering::SeqCst), 4, "one run per key");
 }

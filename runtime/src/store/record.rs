@@ -1,6 +1,8 @@
 //! The stored form of a job's result, as every store keeps it, and the claim token: below the
 //! stores and the idempotency layer, so that both can use them.
 
+mod finite;
+
 use crate::Error;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -60,14 +62,15 @@ pub(crate) fn encode_unreplayable(why: &str) -> Vec<u8> {
     .unwrap_or_else(|_| br#"{"v":2,"unreplayable":"the result could not be stored"}"#.to_vec())
 }
 
-/// The record of `value`, checked to read back as a `T` when it holds a JSON `null` (what
-/// JSON makes of a `NaN` or infinite float, and of `None` and `()`): `Err` with the reason when
-/// the value does not serialize, or does not decode as its own type, so that it is never stored
-/// to fail every replay. A record without a `null` is not decoded: the check costs a scan.
+/// The record of `value`, checked when it holds a JSON `null` (what JSON makes of a `NaN` or
+/// infinite float, and of `None` and `()`): `Err` with the reason when the value does not
+/// serialize, holds a float that is not finite (which would read back as `None` in an
+/// `Option`, or not at all), or does not decode as its own type, so that it is never stored to
+/// fail every replay or to replay a value the job never returned. A record without a `null` is
+/// not checked further: the check costs a scan.
 ///
-/// Not caught: a `NaN` where `null` is a valid value (`Option<f64>` reads it back as `None`),
-/// and a type whose `Deserialize` does not read what its `Serialize` writes, in a record with
-/// no `null` (its replay fails with [`Error::Corrupt`]).
+/// Not caught: a type whose `Deserialize` does not read what its `Serialize` writes, in a record
+/// with no `null` (its replay fails with [`Error::Corrupt`]).
 pub(crate) fn encode_replayable<T: Serialize + DeserializeOwned>(
     value: &T,
 ) -> Result<Vec<u8>, String> {
@@ -76,6 +79,7 @@ pub(crate) fn encode_replayable<T: Serialize + DeserializeOwned>(
     if !std::str::from_utf8(&record).map_or(true, |json| json.contains("null")) {
         return Ok(record);
     }
+    finite::check(value).map_err(|why| why.to_string())?;
     match serde_json::from_slice::<RecordIn<T>>(&record) {
         Ok(_) => Ok(record),
         Err(e) => Err(format!("it does not read back as its own type: {e}")),
@@ -138,6 +142,28 @@ mod tests {
         let why = encode_replayable(&map).unwrap_err();
         assert!(why.starts_with("it does not serialize: "), "{why}");
         let why = encode_replayable(&f64::NAN).unwrap_err();
+        assert_eq!(why, "it holds the float NaN, which JSON keeps as null");
+        // A value whose own `Deserialize` refuses what its `Serialize` wrote, with a `null`.
+        #[derive(serde::Serialize)]
+        struct Out {
+            a: Option<u8>,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        struct In {}
+        #[derive(Debug)]
+        struct Asymmetric;
+        impl serde::Serialize for Asymmetric {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                Out { a: None }.serialize(s)
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for Asymmetric {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                In::deserialize(d).map(|_| Asymmetric)
+            }
+        }
+        let why = encode_replayable(&Asymmetric).unwrap_err();
         assert!(
             why.starts_with("it does not read back as its own type: "),
             "{why}"
@@ -186,7 +212,10 @@ mod tests {
         assert!(encode_replayable(&Some(1.5f64)).is_ok());
         assert!(encode_replayable(&None::<f64>).is_ok());
         assert!(encode_replayable(&vec![1.0, f64::NAN]).is_err());
-        // JSON cannot tell this `NaN` from `None`: stored, and read back as `None`.
-        assert!(encode_replayable(&Some(f64::NAN)).is_ok());
+        // JSON cannot tell this `NaN` from `None`: it would read back as `None`.
+        assert_eq!(
+            encode_replayable(&Some(f64::NAN)),
+            Err("it holds the float NaN, which JSON keeps as null".to_owned())
+        );
     }
 }
