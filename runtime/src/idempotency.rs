@@ -362,7 +362,8 @@ impl<'a> Idempotent<'a> {
     }
 
     /// Stores the value, retrying the write a few times. A value that cannot be kept to replay
-    /// (it does not serialize, or does not read back as its own type) is returned all the same,
+    /// (it does not serialize, holds a float JSON keeps as `null`, or does not read back as its
+    /// own type) is returned all the same,
     /// and the key is completed without it: a redelivery gets [`Error::Unreplayable`] rather
     /// than running the job again.
     async fn finish<T: Serialize + DeserializeOwned, E: From<Error>>(
