@@ -157,6 +157,18 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
     ));
     assert_eq!(letters.len().await.unwrap(), 1);
     assert!(letters.get(&id).await.unwrap().is_some());
+    // So does the job itself, giving up again: its give-up writes no second letter (nor raises
+    // a `DeadLetter` event); the redriven one still stands for it.
+    let failed = runtime
+        .scope(letters.redrive(&id, |letter| async move {
+            let (order_id, amount): (String, u64) = letter.payload_as().unwrap()?;
+            charge_with_payload(&order_id, amount).await
+        }))
+        .await;
+    assert!(matches!(failed, Err(RedriveError::Job(_))), "{failed:?}");
+    assert_eq!(letters.len().await.unwrap(), 1, "one job, one letter");
+    assert!(letters.get(&id).await.unwrap().is_some());
+    assert!(CHARGED.lock().unwrap().is_empty());
 
     // The gateway is back: the job itself runs again from the payload, under the same key (the
     // give-up released its claim) and with a fresh attempt budget. It charges, and the letter goes.

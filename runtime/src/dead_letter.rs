@@ -294,9 +294,31 @@ impl DeadLetterSink for LogDeadLetters {
     }
 }
 
+tokio::task_local! {
+    /// Set while a letter is redriven (see [`redriving`]).
+    static REDRIVING: ();
+}
+
+/// Runs `fut`, the job of a redriven letter: a give-up inside it writes no letter of its own,
+/// since the letter being redriven stays where it is when the job fails again (one job, one
+/// letter).
+#[cfg(feature = "redis")]
+pub(crate) fn redriving<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    REDRIVING.scope((), fut)
+}
+
+/// Whether this task runs the job of a redriven letter, whose give-up writes no letter.
+pub(crate) fn in_redrive() -> bool {
+    REDRIVING.try_with(|()| ()).is_ok()
+}
+
 /// Sends `letter` to `sink`, and logs a letter the sink refuses whole ([`letter_lost`]):
 /// `true` when the sink took it. How the retry engine and the idempotency guard send theirs.
+/// Inside a redrive nothing is sent: the redriven letter stands for the job.
 pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
+    if in_redrive() {
+        return true;
+    }
     // A copy for the log, should the sink fail: the letter is not lost with it.
     let kept = letter.clone();
     match sink.send(letter).await {

@@ -319,7 +319,9 @@ impl<'a> Idempotent<'a> {
             now,
         )
         .with_history(vec![error.to_string()]);
-        runtime.emit(&Event::DeadLetter(&letter));
+        if !crate::dead_letter::in_redrive() {
+            runtime.emit(&Event::DeadLetter(&letter));
+        }
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
         // The store reports a poisoned key's first refusal once: a letter the sink did not take
         // is written to the log whole (by `deliver`), or nothing would record it.

@@ -711,7 +711,10 @@ impl<'a> Retry<'a> {
         );
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
-        self.emit(&Event::DeadLetter(&letter));
+        // A redriven job that gives up again leaves the redriven letter as its one letter.
+        if !crate::dead_letter::in_redrive() {
+            self.emit(&Event::DeadLetter(&letter));
+        }
         let delivered: Pin<Box<dyn Future<Output = bool> + Send + 'a>> = match self.spec.sink {
             Some(sink) => Box::pin(crate::dead_letter::deliver(sink, letter)),
             None => {

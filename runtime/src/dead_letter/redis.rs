@@ -296,6 +296,9 @@ impl RedisDeadLetters {
     ///
     /// `Ok(true)`: redriven and removed. `Ok(false)`: there is no letter `id`, and `job` did not
     /// run. `Err(RedriveError::Job(e))`: `job` failed and the letter is kept for another try.
+    /// A jobguard job that gives up again inside `job` writes no letter of its own (and raises
+    /// no `DeadLetter` event): the redriven letter still stands for it, so each failed redrive
+    /// leaves the stream as it was.
     ///
     /// ```no_run
     /// # async fn demo(letters: jobguard::dead_letter::redis::RedisDeadLetters, id: &str) {
@@ -321,7 +324,9 @@ impl RedisDeadLetters {
         let Some(letter) = self.get(id).await.map_err(RedriveError::Store)? else {
             return Ok(false);
         };
-        job(letter).await.map_err(RedriveError::Job)?;
+        crate::dead_letter::redriving(job(letter))
+            .await
+            .map_err(RedriveError::Job)?;
         self.remove(id).await.map_err(RedriveError::Store)?;
         Ok(true)
     }
