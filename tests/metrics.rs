@@ -1,7 +1,7 @@
 //! The `metrics` integration as a Prometheus exporter renders it: every jobguard metric once,
 //! with the right `# TYPE`, no `_total_total` under either naming mode, and the values a
-//! scenario leaves (attempts, retries, dead letters by reason, replays, in-progress, breaker
-//! transitions and state, dropped letters).
+//! scenario leaves (attempts, retries, dead letters by reason, replays, in-progress once a call,
+//! results not stored, breaker transitions and state, dropped letters).
 
 use jobguard::observe::metrics as names;
 use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
@@ -32,6 +32,18 @@ async fn decline() -> Result<(), GatewayError> {
 async fn slow(order_id: &str, gate: &Notify) -> Result<u64, GatewayError> {
     gate.notified().await;
     Ok(1)
+}
+
+#[jobguard::idempotent(key = order_id, scope = "payments.queued", in_progress = wait("10s"))]
+async fn queued(order_id: &str, gate: &Notify) -> Result<u64, GatewayError> {
+    gate.notified().await;
+    Ok(2)
+}
+
+/// `NaN`, which JSON cannot keep: the result is not stored to replay.
+#[jobguard::idempotent(key = order_id, scope = "payments.ratio")]
+async fn ratio(order_id: &str) -> Result<f64, GatewayError> {
+    Ok(f64::NAN)
 }
 
 /// Runs the scenario with `recorder` as this thread's recorder.
@@ -69,6 +81,16 @@ async fn scenario(recorder: &PrometheusRecorder) {
                 second,
                 Err(GatewayError::Jobguard(jobguard::Error::InProgress))
             ));
+            // A call that waits for another's run looks many times, and is counted once.
+            let gate = Notify::new();
+            let (first, second, ()) =
+                tokio::join!(queued("order-Q", &gate), queued("order-Q", &gate), async {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    gate.notify_one();
+                });
+            assert_eq!((first.unwrap(), second.unwrap()), (2, 2));
+            // A result that cannot be kept to replay.
+            assert!(ratio("order-R").await.unwrap().is_nan());
             // The breaker opens, then closes.
             gateway.trip();
             gateway.reset();
@@ -84,6 +106,7 @@ fn expected_types() -> BTreeMap<&'static str, &'static str> {
         (names::DEAD_LETTERED, "counter"),
         (names::REPLAYS, "counter"),
         (names::IN_PROGRESS, "counter"),
+        (names::STORE_FAILED, "counter"),
         (names::BREAKER_TRANSITIONS, "counter"),
         (names::BREAKER_STATE, "gauge"),
         (names::DEAD_LETTERS_DROPPED, "counter"),
@@ -115,7 +138,10 @@ fn assert_rendered(rendered: &str) {
             "1",
         ),
         (r#"jobguard_replays_total{job="payments.charge"}"#, "1"),
+        (r#"jobguard_replays_total{job="payments.queued"}"#, "1"),
         (r#"jobguard_in_progress_total{job="payments.slow"}"#, "1"),
+        (r#"jobguard_in_progress_total{job="payments.queued"}"#, "1"),
+        (r#"jobguard_store_failed_total{job="payments.ratio"}"#, "1"),
         (
             r#"jobguard_breaker_transitions_total{breaker="gateway",to="open"}"#,
             "1",

@@ -213,6 +213,8 @@ impl<'a> Idempotent<'a> {
 
         let deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
         let mut poll = Duration::from_millis(10);
+        // A call that waits for another worker's run says so once, not at every look.
+        let mut waiting = false;
         let generation = loop {
             match store
                 .claim_with(key, &token, options)
@@ -247,11 +249,14 @@ impl<'a> Idempotent<'a> {
                     return Err(E::from(Error::Poisoned { crashes }));
                 }
                 Claimed::InProgress { retry_in } => {
-                    observe(Event::InProgress {
-                        scope: self.name,
-                        key: key.key,
-                        retry_in,
-                    });
+                    if !waiting {
+                        waiting = true;
+                        observe(Event::InProgress {
+                            scope: self.name,
+                            key: key.key,
+                            retry_in,
+                        });
+                    }
                     let now = tokio::time::Instant::now();
                     match deadline {
                         Some(end) if now < end => {

@@ -185,7 +185,8 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
-    /// Another worker holds a live claim on the key.
+    /// Another worker holds a live claim on the key. Raised once a call: a call that waits
+    /// (`in_progress = wait(..)`) raises it when it first finds the key held, not at each look.
     InProgress {
         /// The key's namespace.
         scope: &'a str,

@@ -9,7 +9,9 @@
 //! | `jobguard_dead_lettered_total` | counter | `job`, `reason` | a job gives up (`reason`: [`GiveUp::as_str`](crate::GiveUp::as_str)) |
 //! | `jobguard_handed_back_total` | counter | `job` | a job's retries ran out on a delivery that is not the runner's last: no letter, the runner delivers it again |
 //! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
-//! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker |
+//! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker (once a call, also while it waits) |
+//! | `jobguard_lease_lost_total` | counter | `job` (the idempotency scope) | a claim's lease lapsed while its job ran: another worker may run it too |
+//! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result could not be stored, or cannot be kept to replay |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
@@ -54,6 +56,10 @@ pub const HANDED_BACK: &str = "jobguard_handed_back_total";
 pub const REPLAYS: &str = "jobguard_replays_total";
 /// `jobguard_in_progress_total{job}`: idempotent calls that found the key held by another worker.
 pub const IN_PROGRESS: &str = "jobguard_in_progress_total";
+/// `jobguard_lease_lost_total{job}`: claims whose lease lapsed while the job ran.
+pub const LEASE_LOST: &str = "jobguard_lease_lost_total";
+/// `jobguard_store_failed_total{job}`: successful jobs whose result was not stored to replay.
+pub const STORE_FAILED: &str = "jobguard_store_failed_total";
 /// `jobguard_breaker_transitions_total{breaker,to}`: breaker state changes.
 pub const BREAKER_TRANSITIONS: &str = "jobguard_breaker_transitions_total";
 /// `jobguard_breaker_state{breaker}`: 0 closed, 1 open, 2 half-open.
@@ -88,6 +94,14 @@ pub fn describe() {
     describe_counter!(
         IN_PROGRESS,
         "Idempotent calls that found their key held by another worker."
+    );
+    describe_counter!(
+        LEASE_LOST,
+        "Idempotency claims whose lease lapsed while the job ran: another worker may run it too."
+    );
+    describe_counter!(
+        STORE_FAILED,
+        "Jobs that succeeded but whose result was not stored to replay: a redelivery may run them again, or fails as unreplayable."
     );
     describe_counter!(
         BREAKER_TRANSITIONS,
@@ -169,6 +183,8 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::HandedBack { job, .. } => increment(HANDED_BACK, Dim::Job, job),
         Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
+        Event::LeaseLost { scope, .. } => increment(LEASE_LOST, Dim::Job, scope),
+        Event::StoreFailed { scope, .. } => increment(STORE_FAILED, Dim::Job, scope),
         Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),
         Event::Evicted { store, records, .. } => store_evicted(store, records),
         _ => {}
