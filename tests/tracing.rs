@@ -337,6 +337,12 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
         .collect();
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert_eq!(errors[0].target, "jobguard");
+    // The target names jobguard; the message does not say it again.
+    assert!(
+        errors[0].message.starts_with("job tracing::decline"),
+        "{}",
+        errors[0].message
+    );
     assert!(
         errors[0]
             .message

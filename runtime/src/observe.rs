@@ -402,10 +402,18 @@ pub(crate) fn record_metrics(event: &Event<'_>, job: Option<&'static Job>) {
 pub(crate) fn log_error(args: fmt::Arguments<'_>) {
     #[cfg(feature = "tracing")]
     if self::tracing::has_subscriber() {
-        ::tracing::error!(target: "jobguard", "{args}");
+        let message = args.to_string();
+        ::tracing::error!(target: "jobguard", "{}", untargeted(&message));
         return;
     }
     eprintln!("{args}");
+}
+
+/// A log line without the `jobguard: ` it starts with on stderr: under `tracing` the target
+/// says so already.
+#[cfg(feature = "tracing")]
+fn untargeted(message: &str) -> &str {
+    message.strip_prefix("jobguard: ").unwrap_or(message)
 }
 
 /// Writes a warning to the log, as [`log_error`] does an error.
@@ -413,7 +421,8 @@ pub(crate) fn log_error(args: fmt::Arguments<'_>) {
 pub(crate) fn log_warn(args: fmt::Arguments<'_>) {
     #[cfg(feature = "tracing")]
     if self::tracing::has_subscriber() {
-        ::tracing::warn!(target: "jobguard", "{args}");
+        let message = args.to_string();
+        ::tracing::warn!(target: "jobguard", "{}", untargeted(&message));
         return;
     }
     eprintln!("{args}");
