@@ -226,6 +226,32 @@ async fn the_crash_letter_goes_to_the_jobs_own_sink_like_its_other_letters() {
     );
 }
 
+#[jobguard::idempotent(key = order, scope = "tests.poison.payload", lease = "5s", crashes = 1)]
+#[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", payload = (order, amount))]
+async fn with_payload(order: &str, amount: u64, runs: &AtomicU32) -> Result<u64, Error> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(amount)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crash_letter_carries_the_jobs_payload_like_its_other_letters() {
+    let (runtime, letters) = after_one_crash("tests.poison.payload", "order-P").await;
+    let runs = AtomicU32::new(0);
+    let got = runtime.scope(with_payload("order-P", 250, &runs)).await;
+    assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let letter = letters.letters().pop().expect("the crash letter");
+    assert_eq!(letter.reason, GiveUp::Crashed);
+    assert_eq!(
+        letter
+            .payload_as::<(String, u64)>()
+            .expect("a payload")
+            .unwrap(),
+        ("order-P".to_owned(), 250),
+        "redrivable from the letter, as the retry's letters are"
+    );
+}
+
 /// What the body saw: the fence at the top, inside a `#[retry]` inside, in a nested function.
 #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Fences {

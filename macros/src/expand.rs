@@ -261,7 +261,15 @@ fn expand(
 
     let outer = match (retry, idempotent) {
         (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
-        (None, Some(i)) => idempotent_call(i, false, default_scope, &krate, &job, ret, body),
+        (None, Some(i)) => idempotent_call(
+            i,
+            Letters::default(),
+            default_scope,
+            &krate,
+            &job,
+            ret,
+            body,
+        ),
         (Some(r), Some(i)) => {
             // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
             let body = match &i.transaction {
@@ -280,11 +288,14 @@ fn expand(
                 None => body,
             };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
-            // The crash letter goes where the job's other letters go.
-            let sink = r.dead_letter.is_some();
+            // The crash letter goes where the job's other letters go, with the same payload.
+            let letters = Letters {
+                sink: r.dead_letter.is_some(),
+                payload: r.payload.is_some(),
+            };
             idempotent_call(
                 i,
-                sink,
+                letters,
                 default_scope,
                 &krate,
                 &job,
@@ -299,12 +310,14 @@ fn expand(
     let sink = retry
         .and_then(|r| r.dead_letter.as_ref())
         .map(|d| quote_spanned!(d.span()=> let __jobguard_sink = #krate::__private::sink(&#d);));
+    let payload = retry.and_then(payload_binding);
     // The body's braces are the user's: the item then spans the user's tokens alone, so rustc
     // treats it as the user's and lints it as such (an uncalled function is `dead_code`).
     let mut body = proc_macro2::Group::new(
         proc_macro2::Delimiter::Brace,
         quote! {
             #sink
+            #payload
             #outer
         },
     );
@@ -400,6 +413,21 @@ fn respanned(tokens: &TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
+/// `let __jobguard_payload = (&a, &b);`: the job's arguments for a dead letter, borrowed, never
+/// moved (the body still owns them), once per call at the top of the function, where both the
+/// retry's letters and, with `#[idempotent]`, the crash letter read them.
+fn payload_binding(r: &RetryArgs) -> Option<TokenStream> {
+    let p = r.payload.as_ref()?;
+    let borrowed = match p {
+        syn::Expr::Tuple(t) => {
+            let elems = t.elems.iter();
+            quote_spanned!(p.span()=> (#(&#elems,)*))
+        }
+        other => quote_spanned!(p.span()=> &#other),
+    };
+    Some(quote!(let __jobguard_payload = #borrowed;))
+}
+
 fn retry_loop(
     r: &RetryArgs,
     krate: &TokenStream,
@@ -458,18 +486,10 @@ fn retry_loop(
     if r.dead_letter.is_some() {
         spec.extend(quote!(.dead_letter(__jobguard_sink)));
     }
-    // The arguments are borrowed, never moved: the body still owns them.
-    let payload = r.payload.as_ref().map(|p| {
-        let borrowed = match p {
-            syn::Expr::Tuple(t) => {
-                let elems = t.elems.iter();
-                quote_spanned!(p.span()=> (#(&#elems,)*))
-            }
-            other => quote_spanned!(p.span()=> &#other),
-        };
+    // The payload is bound once per call at the top of the function (see `payload_binding`).
+    if let Some(p) = &r.payload {
         spec.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
-        quote!(let __jobguard_payload = #borrowed;)
-    });
+    }
     // What the call reads of its job is one `static` when nothing in it is made per call, so
     // that a call stores one pointer for all of it.
     let per_call = !literal || keyed || r.dead_letter.is_some() || r.payload.is_some();
@@ -539,7 +559,6 @@ fn retry_loop(
     quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
-        #payload
         #spec
         #breaker_once
         let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
@@ -554,9 +573,17 @@ fn retry_loop(
 
 /// `default_scope`: the scope is the function's module path and name, not pinned, so the call
 /// checks (through a `static` of the function's) that no other function has it.
+/// What of `#[retry]`'s dead letters the crash letter of `#[idempotent]` shares: its sink
+/// (`__jobguard_sink`) and its payload (`__jobguard_payload`), both bound at the function's top.
+#[derive(Default, Clone, Copy)]
+struct Letters {
+    sink: bool,
+    payload: bool,
+}
+
 fn idempotent_call(
     i: &IdempotentArgs,
-    sink: bool,
+    letters: Letters,
     default_scope: bool,
     krate: &TokenStream,
     job: &TokenStream,
@@ -597,8 +624,11 @@ fn idempotent_call(
     if let Some(store) = &i.store {
         call.extend(quote_spanned!(store.span()=> .store(&#store)));
     }
-    if sink {
+    if letters.sink {
         call.extend(quote!(.dead_letter(__jobguard_sink)));
+    }
+    if letters.payload {
+        call.extend(quote!(.payload(&__jobguard_payload)));
     }
     let run = Ident::new("run", ret.span());
     // Each bound is reported on the tokens it is about: the key's on the key expression, the

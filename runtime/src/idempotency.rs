@@ -78,6 +78,8 @@ pub struct Idempotent<'a> {
     fingerprint: Option<String>,
     store: Option<Arc<dyn Store>>,
     sink: Option<&'a dyn DeadLetterSink>,
+    /// The job's arguments for its crash letter.
+    payload: Option<&'a dyn crate::retry::Payload>,
     /// The attribute's default scope, checked to be this function's alone before the claim.
     default_scope: Option<&'static DefaultScope>,
 }
@@ -104,6 +106,7 @@ impl<'a> Idempotent<'a> {
             fingerprint: None,
             store: None,
             sink: None,
+            payload: None,
             default_scope: None,
         }
     }
@@ -162,6 +165,14 @@ impl<'a> Idempotent<'a> {
     /// every letter of a job lands in one place.
     pub fn dead_letter(mut self, sink: &'a dyn DeadLetterSink) -> Self {
         self.sink = Some(sink);
+        self
+    }
+
+    /// The job's arguments, serialized into its [`GiveUp::Crashed`] letter (and only then), so
+    /// that the letter can be redriven as the retry engine's can: `#[retry(payload = ...)]`
+    /// beside `#[idempotent]` passes its payload here.
+    pub fn payload<P: crate::retry::Payload>(mut self, payload: &'a P) -> Self {
+        self.payload = Some(payload);
         self
     }
 
@@ -324,6 +335,7 @@ impl<'a> Idempotent<'a> {
             now,
         )
         .with_history(vec![error.to_string()]);
+        let letter = crate::retry::with_payload(letter, self.payload);
         if !crate::dead_letter::in_redrive() {
             runtime.emit(&Event::DeadLetter(&letter));
         }

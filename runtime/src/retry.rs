@@ -1403,19 +1403,26 @@ impl Trail {
     /// Completes `letter` with the history and the serialized payload. A payload that cannot be
     /// serialized is reported and left out: the letter itself is never lost for it.
     fn seal(&mut self, payload: Option<&dyn Payload>, letter: DeadLetter) -> DeadLetter {
-        let payload = payload.and_then(|p| match p.to_json() {
-            Ok(value) => Some(value),
-            Err(e) => {
-                crate::observe::log_error(format_args!(
-                    "jobguard: job {} gave up and its payload could not be serialized: {e}",
-                    letter.job
-                ));
-                None
-            }
-        });
         let history = Vec::from(std::mem::take(&mut self.history));
-        letter.with_history(history).with_payload(payload)
+        with_payload(letter.with_history(history), payload)
     }
+}
+
+/// `letter` with `payload` serialized into it. A payload that cannot be serialized is reported
+/// and left out: the letter itself is never lost for it. The retry engine's letters and the
+/// idempotency guard's crash letter are sealed alike.
+pub(crate) fn with_payload(letter: DeadLetter, payload: Option<&dyn Payload>) -> DeadLetter {
+    let payload = payload.and_then(|p| match p.to_json() {
+        Ok(value) => Some(value),
+        Err(e) => {
+            crate::observe::log_error(format_args!(
+                "jobguard: job {} gave up and its payload could not be serialized: {e}",
+                letter.job
+            ));
+            None
+        }
+    });
+    letter.with_payload(payload)
 }
 
 impl Policy {
