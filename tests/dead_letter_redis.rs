@@ -169,6 +169,15 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
     assert_eq!(letters.len().await.unwrap(), 1, "one job, one letter");
     assert!(letters.get(&id).await.unwrap().is_some());
     assert!(CHARGED.lock().unwrap().is_empty());
+    // Another job giving up inside a redrive is not the redriven one: its letter is written.
+    let other = runtime
+        .scope(letters.redrive(&id, |_letter| charge("order-other")))
+        .await;
+    assert!(matches!(other, Err(RedriveError::Job(_))), "{other:?}");
+    assert_eq!(letters.len().await.unwrap(), 2, "the other job's letter");
+    let (other_id, other_letter) = letters.list().await.unwrap().pop().unwrap();
+    assert_eq!(other_letter.key.as_deref(), Some("order-other"));
+    assert!(letters.remove(&other_id).await.unwrap());
 
     // The gateway is back: the job itself runs again from the payload, under the same key (the
     // give-up released its claim) and with a fresh attempt budget. It charges, and the letter goes.

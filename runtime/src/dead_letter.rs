@@ -295,28 +295,35 @@ impl DeadLetterSink for LogDeadLetters {
 }
 
 tokio::task_local! {
-    /// Set while a letter is redriven (see [`redriving`]).
-    static REDRIVING: ();
+    /// The job and key of the letter being redriven (see [`redriving`]).
+    static REDRIVING: (String, Option<String>);
 }
 
-/// Runs `fut`, the job of a redriven letter: a give-up inside it writes no letter of its own,
-/// since the letter being redriven stays where it is when the job fails again (one job, one
-/// letter).
+/// Runs `fut`, the job of a redriven letter of `job` under `key`: a give-up of that job and key
+/// inside it writes no letter of its own, since the letter being redriven stays where it is
+/// when the job fails again (one job, one letter). Any other job's letters are written as ever.
 #[cfg(feature = "redis")]
-pub(crate) fn redriving<F: Future>(fut: F) -> impl Future<Output = F::Output> {
-    REDRIVING.scope((), fut)
+pub(crate) fn redriving<F: Future>(
+    job: String,
+    key: Option<String>,
+    fut: F,
+) -> impl Future<Output = F::Output> {
+    REDRIVING.scope((job, key), fut)
 }
 
-/// Whether this task runs the job of a redriven letter, whose give-up writes no letter.
-pub(crate) fn in_redrive() -> bool {
-    REDRIVING.try_with(|()| ()).is_ok()
+/// Whether a give-up of `job` under `key` is the redriven letter's job giving up again, whose
+/// letter stands for it.
+pub(crate) fn redriven(job: &str, key: Option<&str>) -> bool {
+    REDRIVING
+        .try_with(|(redriven, its_key)| redriven == job && its_key.as_deref() == key)
+        .unwrap_or(false)
 }
 
 /// Sends `letter` to `sink`, and logs a letter the sink refuses whole ([`letter_lost`]):
 /// `true` when the sink took it. How the retry engine and the idempotency guard send theirs.
-/// Inside a redrive nothing is sent: the redriven letter stands for the job.
+/// The redriven job's own give-up sends nothing: the redriven letter stands for it.
 pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
-    if in_redrive() {
+    if redriven(&letter.job, letter.key.as_deref()) {
         return true;
     }
     // A copy for the log, should the sink fail: the letter is not lost with it.

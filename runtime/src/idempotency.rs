@@ -336,7 +336,7 @@ impl<'a> Idempotent<'a> {
         )
         .with_history(vec![error.to_string()]);
         let letter = crate::retry::with_payload(letter, self.payload);
-        if !crate::dead_letter::in_redrive() {
+        if !crate::dead_letter::redriven(self.name, Some(self.key)) {
             runtime.emit(&Event::DeadLetter(&letter));
         }
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);

@@ -712,7 +712,7 @@ impl<'a> Retry<'a> {
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
         // A redriven job that gives up again leaves the redriven letter as its one letter.
-        if !crate::dead_letter::in_redrive() {
+        if !crate::dead_letter::redriven(self.spec.job, self.spec.key) {
             self.emit(&Event::DeadLetter(&letter));
         }
         let delivered: Pin<Box<dyn Future<Output = bool> + Send + 'a>> = match self.spec.sink {

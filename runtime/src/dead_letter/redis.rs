@@ -296,9 +296,9 @@ impl RedisDeadLetters {
     ///
     /// `Ok(true)`: redriven and removed. `Ok(false)`: there is no letter `id`, and `job` did not
     /// run. `Err(RedriveError::Job(e))`: `job` failed and the letter is kept for another try.
-    /// A jobguard job that gives up again inside `job` writes no letter of its own (and raises
-    /// no `DeadLetter` event): the redriven letter still stands for it, so each failed redrive
-    /// leaves the stream as it was.
+    /// The letter's job giving up again inside `job` (its name and key) writes no letter of its
+    /// own (and raises no `DeadLetter` event): the redriven letter still stands for it, so each
+    /// failed redrive leaves the stream as it was. Other jobs `job` runs write theirs as ever.
     ///
     /// ```no_run
     /// # async fn demo(letters: jobguard::dead_letter::redis::RedisDeadLetters, id: &str) {
@@ -324,7 +324,8 @@ impl RedisDeadLetters {
         let Some(letter) = self.get(id).await.map_err(RedriveError::Store)? else {
             return Ok(false);
         };
-        crate::dead_letter::redriving(job(letter))
+        let (job_name, key) = (letter.job.clone(), letter.key.clone());
+        crate::dead_letter::redriving(job_name, key, job(letter))
             .await
             .map_err(RedriveError::Job)?;
         self.remove(id).await.map_err(RedriveError::Store)?;
