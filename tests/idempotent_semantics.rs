@@ -331,6 +331,23 @@ async fn a_completion_whose_lease_was_lost_is_lease_lost() {
     assert_eq!(*log.lock().unwrap(), ["claimed", "lease lost"]);
 }
 
+/// A lease the heartbeat finds lost is one `LeaseLost`, not a second when the result's write is
+/// refused for the same reason.
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_while_the_job_ran_is_raised_once() {
+    let store = Faulty::default();
+    let (rt, log, _) = runtime(store.clone());
+    store.lose_lease.store(true, Ordering::SeqCst);
+    let (work, gate) = Work::gated();
+    let job = tokio::spawn(rt.clone().scope_owned(leased_owned(work.clone(), "k", 1)));
+    work.started.notified().await;
+    // Past a third of the 30 s lease: the heartbeat's renewal is refused.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    gate.send(()).unwrap();
+    assert_eq!(job.await.unwrap(), Err(Error::LeaseLost));
+    assert_eq!(*log.lock().unwrap(), ["claimed", "lease lost"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_store_fails_closed_and_the_body_never_runs() {
     let store = Faulty::default();

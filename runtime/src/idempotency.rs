@@ -171,6 +171,7 @@ impl<'a> Idempotent<'a> {
     /// The job's arguments, serialized into its [`GiveUp::Crashed`] letter (and only then), so
     /// that the letter can be redriven as the retry engine's can: `#[retry(payload = ...)]`
     /// beside `#[idempotent]` passes its payload here.
+    #[doc(hidden)]
     pub fn payload<P: crate::retry::Payload>(mut self, payload: &'a P) -> Self {
         self.payload = Some(payload);
         self
@@ -296,11 +297,18 @@ impl<'a> Idempotent<'a> {
             token: token.clone(),
         };
         let work = Fenced::new(generation, work);
-        let result = self.heartbeat(&*store, key, &token, work, &observe).await;
+        // Whether the heartbeat found the lease lost: raised once a call, not again when the
+        // result's write is refused for it.
+        let lost = std::sync::atomic::AtomicBool::new(false);
+        let result = self
+            .heartbeat(&*store, key, &token, work, &observe, &lost)
+            .await;
         match result {
             Ok(value) => {
                 guard.disarm();
-                self.finish(&*store, key, &token, value, &observe).await
+                let lost = lost.load(std::sync::atomic::Ordering::Relaxed);
+                self.finish(&*store, key, &token, value, &observe, lost)
+                    .await
             }
             Err(error) => {
                 guard.disarm();
@@ -353,6 +361,7 @@ impl<'a> Idempotent<'a> {
         token: &str,
         work: F,
         observe: &impl Fn(Event<'_>),
+        lost_lease: &std::sync::atomic::AtomicBool,
     ) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -369,6 +378,7 @@ impl<'a> Idempotent<'a> {
                         Ok(()) => {}
                         Err(Error::LeaseLost) => {
                             lost = true;
+                            lost_lease.store(true, std::sync::atomic::Ordering::Relaxed);
                             observe(Event::LeaseLost { scope: self.name, key: key.key });
                             log_error(format_args!("jobguard: lease on {}:{} lost while the job ran; another worker may run it too", key.scope, key.key));
                         }
@@ -392,6 +402,7 @@ impl<'a> Idempotent<'a> {
         token: &str,
         value: T,
         observe: &impl Fn(Event<'_>),
+        lease_lost_before: bool,
     ) -> Result<T, E> {
         let record = match encode_replayable(&value) {
             Ok(record) => record,
@@ -414,10 +425,12 @@ impl<'a> Idempotent<'a> {
             match store.complete(key, token, &record, self.ttl).await {
                 Ok(()) => return Ok(value),
                 Err(Error::LeaseLost) => {
-                    observe(Event::LeaseLost {
-                        scope: self.name,
-                        key: key.key,
-                    });
+                    if !lease_lost_before {
+                        observe(Event::LeaseLost {
+                            scope: self.name,
+                            key: key.key,
+                        });
+                    }
                     log_error(format_args!(
                         "jobguard: job {}:{} succeeded but its lease was lost before the result was stored; another worker may have run it",
                         key.scope, key.key

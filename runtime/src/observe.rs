@@ -151,7 +151,8 @@ pub enum Event<'a> {
         /// Attempts made.
         attempts: u32,
     },
-    /// The job gave up; this letter goes to the sink.
+    /// The job gave up; this letter goes to the sink. Not raised when the job gives up again
+    /// while its own letter is redriven (the redriven letter stays as its one letter).
     DeadLetter(&'a DeadLetter),
     /// The retry loop gave up on a delivery that is not the runner's last: no dead letter is
     /// written, and the error goes back to the runner, which delivers the job again

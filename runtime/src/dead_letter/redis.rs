@@ -298,7 +298,8 @@ impl RedisDeadLetters {
     /// run. `Err(RedriveError::Job(e))`: `job` failed and the letter is kept for another try.
     /// The letter's job giving up again inside `job` (its name and key) writes no letter of its
     /// own (and raises no `DeadLetter` event): the redriven letter still stands for it, so each
-    /// failed redrive leaves the stream as it was. Other jobs `job` runs write theirs as ever.
+    /// failed redrive leaves the stream as it was. Other jobs `job` runs write theirs as ever,
+    /// and so does the letter's job when `job` spawns it on a task of its own.
     ///
     /// ```no_run
     /// # async fn demo(letters: jobguard::dead_letter::redis::RedisDeadLetters, id: &str) {
