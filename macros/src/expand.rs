@@ -310,7 +310,7 @@ fn expand(
     let sink = retry
         .and_then(|r| r.dead_letter.as_ref())
         .map(|d| quote_spanned!(d.span()=> let __jobguard_sink = #krate::__private::sink(&#d);));
-    let payload = retry.and_then(payload_binding);
+    let payload = retry.and_then(|r| payload_binding(r, &krate));
     // The body's braces are the user's: the item then spans the user's tokens alone, so rustc
     // treats it as the user's and lints it as such (an uncalled function is `dead_code`).
     let mut body = proc_macro2::Group::new(
@@ -416,7 +416,7 @@ fn respanned(tokens: &TokenStream, span: Span) -> TokenStream {
 /// `let __jobguard_payload = (&a, &b);`: the job's arguments for a dead letter, borrowed, never
 /// moved (the body still owns them), once per call at the top of the function, where both the
 /// retry's letters and, with `#[idempotent]`, the crash letter read them.
-fn payload_binding(r: &RetryArgs) -> Option<TokenStream> {
+fn payload_binding(r: &RetryArgs, krate: &TokenStream) -> Option<TokenStream> {
     let p = r.payload.as_ref()?;
     let borrowed = match p {
         syn::Expr::Tuple(t) => {
@@ -425,7 +425,11 @@ fn payload_binding(r: &RetryArgs) -> Option<TokenStream> {
         }
         other => quote_spanned!(p.span()=> &#other),
     };
-    Some(quote!(let __jobguard_payload = #borrowed;))
+    // Typed once, on the payload's tokens: a payload that cannot be serialized is one error,
+    // there, however many letters would carry it.
+    Some(quote_spanned!(p.span()=>
+        let __jobguard_payload: &dyn #krate::__private::Payload = &#borrowed;
+    ))
 }
 
 fn retry_loop(
@@ -488,7 +492,7 @@ fn retry_loop(
     }
     // The payload is bound once per call at the top of the function (see `payload_binding`).
     if let Some(p) = &r.payload {
-        spec.extend(quote_spanned!(p.span()=> .payload(&__jobguard_payload)));
+        spec.extend(quote_spanned!(p.span()=> .payload(__jobguard_payload)));
     }
     // What the call reads of its job is one `static` when nothing in it is made per call, so
     // that a call stores one pointer for all of it.
@@ -628,7 +632,7 @@ fn idempotent_call(
         call.extend(quote!(.dead_letter(__jobguard_sink)));
     }
     if letters.payload {
-        call.extend(quote!(.payload(&__jobguard_payload)));
+        call.extend(quote!(.payload(__jobguard_payload)));
     }
     let run = Ident::new("run", ret.span());
     // Each bound is reported on the tokens it is about: the key's on the key expression, the

@@ -172,7 +172,7 @@ impl<'a> Idempotent<'a> {
     /// that the letter can be redriven as the retry engine's can: `#[retry(payload = ...)]`
     /// beside `#[idempotent]` passes its payload here.
     #[doc(hidden)]
-    pub fn payload<P: crate::retry::Payload>(mut self, payload: &'a P) -> Self {
+    pub fn payload(mut self, payload: &'a dyn crate::retry::Payload) -> Self {
         self.payload = Some(payload);
         self
     }

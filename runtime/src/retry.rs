@@ -159,7 +159,7 @@ impl<'a> Spec<'a> {
 
     /// The job's arguments, serialized into the dead letter's `payload` if the job gives up, and
     /// never otherwise: the success path neither serializes nor allocates.
-    pub fn payload<P: Payload>(mut self, payload: &'a P) -> Self {
+    pub fn payload(mut self, payload: &'a dyn Payload) -> Self {
         self.payload = Some(payload);
         self
     }
