@@ -131,6 +131,17 @@ const CASES: &[Case] = &[
             }
         "#,
     },
+    Case {
+        name: "idempotent_retry_payload",
+        kind: Kind::Idempotent,
+        args: r#"key = order_id"#,
+        item: r#"
+            #[retry(attempts = 3, payload = (order_id, amount))]
+            async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
+                gateway().capture(order_id, amount).await
+            }
+        "#,
+    },
 ];
 
 fn tokens(text: &str) -> TokenStream {
