@@ -85,14 +85,16 @@ fn is_result(ty: &Type) -> bool {
     }
 }
 
+/// The span of `arg` when it is a literal zero duration.
+fn zero(arg: &Option<crate::args::DurationArg>) -> Option<proc_macro2::Span> {
+    arg.as_ref()
+        .filter(|d| d.literal().is_some_and(|d| d.is_zero()))
+        .map(|d| d.span())
+}
+
 /// `cap < base`, where both are known at compile time (a default counts); `timeout` and
 /// `budget`, when literals, are not zero.
 pub(crate) fn retry(args: &RetryArgs, errors: &mut Errors) {
-    let zero = |arg: &Option<crate::args::DurationArg>| {
-        arg.as_ref()
-            .filter(|d| d.literal().is_some_and(|d| d.is_zero()))
-            .map(|d| d.span())
-    };
     if let Some(span) = zero(&args.timeout) {
         errors.at(
             span,
@@ -228,11 +230,6 @@ pub(crate) fn idempotent(
         }
     }
 
-    let zero = |arg: &Option<crate::args::DurationArg>| {
-        arg.as_ref()
-            .filter(|d| d.literal().is_some_and(|d| d.is_zero()))
-            .map(|d| d.span())
-    };
     if let Some(span) = zero(&args.ttl) {
         errors.at(
             span,
