@@ -50,12 +50,11 @@ use crate::observe::{Event, log_error};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
 use crate::store::record::{decode, encode_replayable, encode_unreplayable};
-use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Store, StoreKey};
+use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -454,87 +453,6 @@ impl<'a> Idempotent<'a> {
             }
         }
         Ok(value)
-    }
-}
-
-/// The default scope of one `#[idempotent]` function (its module path and name), in a `static`
-/// per function: the first call of each registers it, so that two functions that end up with
-/// one default scope are found. Nested functions of one name in one module, or methods of one
-/// name in two `impl` blocks of one module, get the same default, and their keys would collide:
-/// a call of one would replay the other's result. Once a second function registers a name,
-/// calls of both fail with [`Error::Config`] (and the log says so once) until each pins a
-/// `scope`. Only functions that run in this process are compared; a pinned `scope` is never
-/// checked, as two functions may share one on purpose.
-#[doc(hidden)]
-pub struct DefaultScope {
-    name: &'static str,
-    /// [`DefaultScope::UNCHECKED`], [`DefaultScope::OWN`] or [`DefaultScope::SHARED`].
-    state: std::sync::atomic::AtomicU8,
-}
-
-impl DefaultScope {
-    const UNCHECKED: u8 = 0;
-    const OWN: u8 = 1;
-    const SHARED: u8 = 2;
-
-    /// The default scope `name` of the function whose `static` this is.
-    pub const fn new(name: &'static str) -> Self {
-        DefaultScope {
-            name,
-            state: std::sync::atomic::AtomicU8::new(Self::UNCHECKED),
-        }
-    }
-
-    /// The scope's name.
-    pub const fn name(&self) -> &'static str {
-        self.name
-    }
-
-    /// `Ok` while no other function has this default scope; one atomic load once registered.
-    pub fn check(&'static self) -> Result<(), Error> {
-        use std::collections::hash_map::Entry;
-        use std::sync::atomic::Ordering;
-        match self.state.load(Ordering::Acquire) {
-            Self::OWN => return Ok(()),
-            Self::SHARED => return Err(self.shared()),
-            _ => {}
-        }
-        static NAMES: std::sync::Mutex<Option<HashMap<&'static str, &'static DefaultScope>>> =
-            std::sync::Mutex::new(None);
-        let mut names = NAMES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match names.get_or_insert_with(HashMap::new).entry(self.name) {
-            Entry::Vacant(vacant) => {
-                vacant.insert(self);
-                self.state.store(Self::OWN, Ordering::Release);
-                Ok(())
-            }
-            // Registered by another call of this function; another function may have found
-            // the name shared since this call read the state.
-            Entry::Occupied(own) if std::ptr::eq(*own.get(), self) => {
-                match self.state.load(Ordering::Acquire) {
-                    Self::SHARED => Err(self.shared()),
-                    _ => Ok(()),
-                }
-            }
-            Entry::Occupied(other) => {
-                if other.get().state.swap(Self::SHARED, Ordering::AcqRel) != Self::SHARED {
-                    log_error(format_args!("jobguard: {}", self.shared()));
-                }
-                self.state.store(Self::SHARED, Ordering::Release);
-                Err(self.shared())
-            }
-        }
-    }
-
-    fn shared(&self) -> Error {
-        Error::Config(format!(
-            "two #[idempotent] functions have the default scope `{}` (nested functions of one \
-             name, or methods of one name in two impl blocks of one module), so their keys \
-             would collide; give each its own with `#[idempotent(scope = \"...\")]`",
-            self.name
-        ))
     }
 }
 

@@ -37,10 +37,11 @@
 //! - `http` (feature `http`): the `Idempotency-Key` layer. May import `idempotency`, `runtime`,
 //!   `store`, `observe`, `error`.
 //! - `apalis` (feature `apalis`): the job runner's layer. May import `attempt`.
-//! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
-//!   below except `idempotency` and `store`.
 //! - [`idempotency`]: claim, run, store, replay, and the dead letter of a poisoned job. May
-//!   import `runtime`, `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
+//!   import `retry` (the job's payload, sealed into that letter as the engine seals its own),
+//!   `runtime`, `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
+//! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
+//!   below except `store`.
 //! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),
 //!   `observe`, `record`.
 //! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
@@ -49,7 +50,8 @@
 //!   import `observe`, `record`, `classify`, `bounds`, `error`; the Redis sink
 //!   shares the Redis store's connection settings and its one TLS crypto-provider installer.
 //!   `store::record` holds the stored form of a result and the claim token, which
-//!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share.
+//!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share; `store` holds the
+//!   `#[idempotent]` default scope's check, which both of the last two run.
 //! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
 //!   views. May import `record`, `classify`, `attempt`.
 //! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
@@ -260,9 +262,10 @@ macro_rules! __jobguard_transaction {
 pub mod __private {
     pub use crate::__jobguard_transaction as transaction;
     pub use crate::bounds::*;
-    pub use crate::idempotency::{DefaultScope, Idempotent};
+    pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
     pub use crate::retry::{Payload, Retry, Spec, breaker, sink};
+    pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, savepoint};
     pub use core::ops::ControlFlow;

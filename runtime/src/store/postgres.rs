@@ -713,7 +713,7 @@ pub struct InTransaction<'c> {
     key: &'c str,
     ttl: Duration,
     fingerprint: Option<String>,
-    default_scope: Option<&'static crate::idempotency::DefaultScope>,
+    default_scope: Option<&'static crate::store::DefaultScope>,
 }
 
 impl std::fmt::Debug for InTransaction<'_> {
@@ -743,7 +743,7 @@ impl InTransaction<'_> {
     /// The scope is `#[idempotent]`'s default for one function: checked, before anything is
     /// claimed, to be no other function's (see `Idempotent::default_scope`).
     #[doc(hidden)]
-    pub fn default_scope(mut self, scope: &'static crate::idempotency::DefaultScope) -> Self {
+    pub fn default_scope(mut self, scope: &'static crate::store::DefaultScope) -> Self {
         self.default_scope = Some(scope);
         self
     }
