@@ -1,0 +1,78 @@
+//! A request whose lease the heartbeat finds lost raises `LeaseLost` once, not again when the
+//! response's write is refused for the same reason.
+
+mod http_support;
+
+use axum::body::Body;
+use http_support::{Handler, app};
+use jobguard::http::IdempotencyLayer;
+use jobguard::store::StoreFuture;
+use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tower::Service;
+
+/// A `MemoryStore` on which every renewal and completion finds the lease lost.
+#[derive(Clone, Default)]
+struct Losing {
+    inner: MemoryStore,
+}
+
+impl Store for Losing {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fp: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        self.inner.claim(key, token, fp, lease)
+    }
+    fn complete<'a>(
+        &'a self,
+        _: StoreKey<'a>,
+        _: &'a str,
+        _: &'a [u8],
+        _: Duration,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async { Err(Error::LeaseLost) })
+    }
+    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
+        self.inner.release(key, token)
+    }
+    fn renew<'a>(&'a self, _: StoreKey<'a>, _: &'a str, _: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(async { Err(Error::LeaseLost) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_lost_while_the_handler_ran_is_raised_once() {
+    let lost = Arc::new(AtomicUsize::new(0));
+    let seen = lost.clone();
+    let runtime = Runtime::builder()
+        .observer(move |e: &Event<'_>| {
+            if matches!(e, Event::LeaseLost { .. }) {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build();
+    // The handler works past a third of the 3 s lease: the heartbeat's renewal is refused.
+    let handler = Handler {
+        work: Duration::from_secs(2),
+        ..Handler::default()
+    };
+    let layer = IdempotencyLayer::new(Losing::default()).lease(Duration::from_secs(3));
+    let mut service = app(handler.clone(), layer);
+    std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut service, cx))
+        .await
+        .unwrap();
+    let request = http::Request::post("/charge/order-A")
+        .header("idempotency-key", "k")
+        .body(Body::from("{}"))
+        .unwrap();
+    let response = runtime.scope(service.call(request)).await.unwrap();
+    assert_eq!(response.status(), 201, "the handler's answer goes out");
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(lost.load(Ordering::SeqCst), 1, "one lost lease, one event");
+}
