@@ -215,3 +215,25 @@ fn the_default_bound_is_in_the_hundreds_of_mib() {
     assert_eq!(stats.max_bytes, DEFAULT_MAX_BYTES);
     assert_eq!((stats.records, stats.evicted, stats.expired), (0, 0, 0));
 }
+
+/// A bound too small for one record refuses every claim saying so, not that the store is full
+/// of records it does not hold.
+#[tokio::test]
+async fn a_bound_too_small_for_one_record_says_so() {
+    let store = MemoryStore::builder()
+        .max_bytes(4096)
+        .min_retention(Duration::ZERO)
+        .build();
+    let key = StoreKey {
+        scope: "tests.memory_store_bound.tiny",
+        key: "k",
+    };
+    match store.claim(key, "t", None, Duration::from_secs(30)).await {
+        Err(Error::Store(msg)) => {
+            assert!(msg.contains("bound too small"), "{msg}");
+            assert!(msg.contains("max_bytes"), "{msg}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(store.is_empty());
+}

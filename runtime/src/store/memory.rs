@@ -913,7 +913,7 @@ impl Shard {
         if !self.make_room(limits, heap, true, now, tally) {
             self.expire_some(SWEEP_MORE, now, true, tally);
             if !self.make_room(limits, heap, true, now, tally) {
-                return Err(self.full_error(limits, now));
+                return Err(self.full_error(limits, now, heap));
             }
         }
         self.insert(record, heap);
@@ -926,7 +926,18 @@ impl Shard {
     /// The error that refuses a claim this shard has no room for: what fills the shard, in
     /// words, from one pass over its table.
     #[cold]
-    fn full_error(&self, limits: &Limits, now: u64) -> Error {
+    fn full_error(&self, limits: &Limits, now: u64, heap: usize) -> Error {
+        if self.table.is_empty() {
+            // Nothing to give up: the bound itself is too small for one record.
+            return Error::Store(format!(
+                "memory store bound too small: a shard's share of max_bytes is {} bytes, less \
+                 than one record with its table takes (this record's data alone is {heap} \
+                 bytes); each of the {SHARDS} shards holds a {SHARDS}th of \
+                 MemoryStore::builder().max_bytes, so raise it (the default is {} MiB)",
+                limits.max_bytes,
+                DEFAULT_MAX_BYTES / (1024 * 1024),
+            ));
+        }
         // Claims whose lease has not ended, and poisoned keys not yet expired (an expired one
         // no longer refuses its key).
         let (live_claims, poisoned) = self.table.iter().fold((0, 0), |(live, poisoned), r| {
