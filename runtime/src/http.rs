@@ -333,15 +333,7 @@ where
         config,
     };
     let (config, key, token) = (&*held.config, held.store_key(), &*held.token);
-    // A lease the heartbeat finds lost is raised once, not again when the response's write is
-    // refused for the same reason.
-    let lease_lost = AtomicBool::new(false);
-    let observe = |event: Event<'_>| {
-        if matches!(event, Event::LeaseLost { .. }) && lease_lost.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        held.runtime.emit(&event);
-    };
+    let observe = crate::idempotency::lease_lost_once(|event| held.runtime.emit(event));
     match config
         .store
         .claim(key, token, Some(fingerprint.as_str()), config.lease)

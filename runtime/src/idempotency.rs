@@ -215,7 +215,7 @@ impl<'a> Idempotent<'a> {
             scope: &self.scope,
             key: self.key,
         };
-        let observe = |event: Event<'_>| runtime.emit(&event);
+        let observe = lease_lost_once(|event| runtime.emit(event));
         let token = new_token();
         let options = ClaimOptions::new(self.lease)
             .fingerprint(self.fingerprint.as_deref())
@@ -296,18 +296,11 @@ impl<'a> Idempotent<'a> {
             token: token.clone(),
         };
         let work = Fenced::new(generation, work);
-        // Whether the heartbeat found the lease lost: raised once a call, not again when the
-        // result's write is refused for it.
-        let lost = std::sync::atomic::AtomicBool::new(false);
-        let result = self
-            .heartbeat(&*store, key, &token, work, &observe, &lost)
-            .await;
+        let result = self.heartbeat(&*store, key, &token, work, &observe).await;
         match result {
             Ok(value) => {
                 guard.disarm();
-                let lost = lost.load(std::sync::atomic::Ordering::Relaxed);
-                self.finish(&*store, key, &token, value, &observe, lost)
-                    .await
+                self.finish(&*store, key, &token, value, &observe).await
             }
             Err(error) => {
                 guard.disarm();
@@ -360,7 +353,6 @@ impl<'a> Idempotent<'a> {
         token: &str,
         work: F,
         observe: &impl Fn(Event<'_>),
-        lost_lease: &std::sync::atomic::AtomicBool,
     ) -> Result<T, E>
     where
         F: Future<Output = Result<T, E>>,
@@ -377,7 +369,6 @@ impl<'a> Idempotent<'a> {
                         Ok(()) => {}
                         Err(Error::LeaseLost) => {
                             lost = true;
-                            lost_lease.store(true, std::sync::atomic::Ordering::Relaxed);
                             observe(Event::LeaseLost { scope: self.name, key: key.key });
                             log_error(format_args!("jobguard: lease on {}:{} lost while the job ran; another worker may run it too", key.scope, key.key));
                         }
@@ -391,9 +382,8 @@ impl<'a> Idempotent<'a> {
 
     /// Stores the value, retrying the write a few times. A value that cannot be kept to replay
     /// (it does not serialize, holds a float JSON keeps as `null`, or does not read back as its
-    /// own type) is returned all the same,
-    /// and the key is completed without it: a redelivery gets [`Error::Unreplayable`] rather
-    /// than running the job again.
+    /// own type) is returned all the same, and the key is completed without it: a redelivery
+    /// gets [`Error::Unreplayable`] rather than running the job again.
     async fn finish<T: Serialize + DeserializeOwned, E: From<Error>>(
         &self,
         store: &dyn Store,
@@ -401,7 +391,6 @@ impl<'a> Idempotent<'a> {
         token: &str,
         value: T,
         observe: &impl Fn(Event<'_>),
-        lease_lost_before: bool,
     ) -> Result<T, E> {
         let record = match encode_replayable(&value) {
             Ok(record) => record,
@@ -424,12 +413,10 @@ impl<'a> Idempotent<'a> {
             match store.complete(key, token, &record, self.ttl).await {
                 Ok(()) => return Ok(value),
                 Err(Error::LeaseLost) => {
-                    if !lease_lost_before {
-                        observe(Event::LeaseLost {
-                            scope: self.name,
-                            key: key.key,
-                        });
-                    }
+                    observe(Event::LeaseLost {
+                        scope: self.name,
+                        key: key.key,
+                    });
                     log_error(format_args!(
                         "jobguard: job {}:{} succeeded but its lease was lost before the result was stored; another worker may have run it",
                         key.scope, key.key
@@ -453,6 +440,20 @@ impl<'a> Idempotent<'a> {
             }
         }
         Ok(value)
+    }
+}
+
+/// `emit` as the observer of one claimed call, with `LeaseLost` raised once: the heartbeat finds
+/// a lease lost, and the result's write is then refused for the same reason. Shared with the
+/// HTTP layer.
+pub(crate) fn lease_lost_once(emit: impl Fn(&Event<'_>)) -> impl Fn(Event<'_>) {
+    let lost = std::sync::atomic::AtomicBool::new(false);
+    move |event: Event<'_>| {
+        let again = matches!(event, Event::LeaseLost { .. })
+            && lost.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if !again {
+            emit(&event);
+        }
     }
 }
 
