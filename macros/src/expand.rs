@@ -413,9 +413,9 @@ fn respanned(tokens: &TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// `let __jobguard_payload = (&a, &b);`: the job's arguments for a dead letter, borrowed, never
-/// moved (the body still owns them), once per call at the top of the function, where both the
-/// retry's letters and, with `#[idempotent]`, the crash letter read them.
+/// `let __jobguard_payload: &dyn Payload = &(&a, &b);`: the job's arguments for a dead letter,
+/// borrowed, never moved (the body still owns them), once per call at the top of the function,
+/// where both the retry's letters and, with `#[idempotent]`, the crash letter read them.
 fn payload_binding(r: &RetryArgs, krate: &TokenStream) -> Option<TokenStream> {
     let p = r.payload.as_ref()?;
     let borrowed = match p {
@@ -575,8 +575,6 @@ fn retry_loop(
     }
 }
 
-/// `default_scope`: the scope is the function's module path and name, not pinned, so the call
-/// checks (through a `static` of the function's) that no other function has it.
 /// What of `#[retry]`'s dead letters the crash letter of `#[idempotent]` shares: its sink
 /// (`__jobguard_sink`) and its payload (`__jobguard_payload`), both bound at the function's top.
 #[derive(Default, Clone, Copy)]
@@ -585,6 +583,8 @@ struct Letters {
     payload: bool,
 }
 
+/// `default_scope`: the scope is the function's module path and name, not pinned, so the call
+/// checks (through a `static` of the function's) that no other function has it.
 fn idempotent_call(
     i: &IdempotentArgs,
     letters: Letters,
@@ -595,11 +595,12 @@ fn idempotent_call(
     work: TokenStream,
 ) -> TokenStream {
     let key = i.key.as_ref().expect("validated: key is present");
-    let (scope_static, scope, check) = scope_parts(default_scope, krate, job);
+    let scope = Scope::of(default_scope, krate, job);
     if let Some(tx) = &i.transaction {
-        return transaction_call(i, krate, (scope_static, scope, check), ret, tx, work);
+        return transaction_call(i, krate, scope, ret, tx, work);
     }
-    let mut call = quote!(#krate::__private::Idempotent::new(#scope, &__jobguard_key) #check);
+    let Scope { item, name, check } = scope;
+    let mut call = quote!(#krate::__private::Idempotent::new(#name, &__jobguard_key) #check);
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
         call.extend(quote!(.ttl(#d)));
@@ -640,31 +641,41 @@ fn idempotent_call(
     let key = quote_spanned!(key.span()=> #krate::__private::key(&(#key)));
     let run = quote_spanned!(ret.span()=> __jobguard_idempotent.#run(#work).await);
     quote! {
-        #scope_static
+        #item
         let __jobguard_key = #key;
         let __jobguard_idempotent = #call;
         #run
     }
 }
 
-/// The scope's tokens: with the default scope, a `static` holding it, its name read from there,
-/// and the builder call that checks it; a pinned scope as written, with neither.
-fn scope_parts(
-    default_scope: bool,
-    krate: &TokenStream,
-    job: &TokenStream,
-) -> (TokenStream, TokenStream, TokenStream) {
-    if !default_scope {
-        return (TokenStream::new(), job.clone(), TokenStream::new());
+/// The scope's tokens in an idempotent call.
+struct Scope {
+    /// With the default scope, the `static` that holds it; nothing for a pinned one.
+    item: TokenStream,
+    /// The scope's name: read from the `static`, or the pinned one as written.
+    name: TokenStream,
+    /// With the default scope, the builder call that checks it is this function's alone.
+    check: TokenStream,
+}
+
+impl Scope {
+    fn of(default_scope: bool, krate: &TokenStream, job: &TokenStream) -> Scope {
+        if !default_scope {
+            return Scope {
+                item: TokenStream::new(),
+                name: job.clone(),
+                check: TokenStream::new(),
+            };
+        }
+        Scope {
+            item: quote! {
+                static __JOBGUARD_SCOPE: #krate::__private::DefaultScope =
+                    #krate::__private::DefaultScope::new(#job);
+            },
+            name: quote!(__JOBGUARD_SCOPE.name()),
+            check: quote!(.default_scope(&__JOBGUARD_SCOPE)),
+        }
     }
-    (
-        quote! {
-            static __JOBGUARD_SCOPE: #krate::__private::DefaultScope =
-                #krate::__private::DefaultScope::new(#job);
-        },
-        quote!(__JOBGUARD_SCOPE.name()),
-        quote!(.default_scope(&__JOBGUARD_SCOPE)),
-    )
 }
 
 // Input:
@@ -691,14 +702,14 @@ fn scope_parts(
 fn transaction_call(
     i: &IdempotentArgs,
     krate: &TokenStream,
-    (scope_static, scope, check): (TokenStream, TokenStream, TokenStream),
+    Scope { item, name, check }: Scope,
     ret: &Type,
     tx: &syn::Expr,
     work: TokenStream,
 ) -> TokenStream {
     let key = i.key.as_ref().expect("validated: key is present");
     let mut call = quote!(
-        #krate::__private::PgStore::in_transaction(&mut *#tx, #scope, &__jobguard_key) #check
+        #krate::__private::PgStore::in_transaction(&mut *#tx, #name, &__jobguard_key) #check
     );
     if let Some(ttl) = &i.ttl {
         let d = duration(ttl);
@@ -719,7 +730,7 @@ fn transaction_call(
     let pass = quote_spanned!(tx.span()=> #krate::__private::transaction!);
     quote! {
         #pass {
-            #scope_static
+            #item
             let __jobguard_key = #key;
             let __jobguard_idempotent = #call;
             #run
