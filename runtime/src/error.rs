@@ -45,8 +45,8 @@ pub enum Error {
         crashes: u32,
     },
     /// A job's result cannot be kept to replay: it does not serialize (a map with non-string
-    /// keys, say) or does not read back as the job's type (a `NaN` `f64`, which JSON keeps as
-    /// `null`). With a store, the call that ran returns its value and the key is recorded as
+    /// keys, say), holds a float JSON keeps as `null` (a `NaN` or an infinity, which would read
+    /// back as no `f64`, or as `None` in an `Option`), or does not read back as the job's type. With a store, the call that ran returns its value and the key is recorded as
     /// completed without it, so a redelivery gets this error for the record's TTL instead of
     /// running the job again; in a Postgres transaction (`transaction = tx`) the call fails with
     /// it and the transaction is to be rolled back. The message says which. Permanent: change

@@ -210,7 +210,9 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
-    /// The job succeeded but its result could not be stored.
+    /// The job succeeded but its result was not stored to replay: the write failed, the result
+    /// cannot be kept to replay (the key is recorded as [`Error::Unreplayable`](crate::Error::Unreplayable)),
+    /// or, in the HTTP layer, the response was larger than it stores.
     StoreFailed {
         /// The key's namespace.
         scope: &'a str,

@@ -11,7 +11,7 @@
 //! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
 //! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker (once a call, also while it waits) |
 //! | `jobguard_lease_lost_total` | counter | `job` (the idempotency scope) | a claim's lease lapsed while its job ran: another worker may run it too |
-//! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result could not be stored, or cannot be kept to replay |
+//! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result was not stored to replay: the write failed, the result cannot be kept, or an HTTP response was larger than the layer stores |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
@@ -101,7 +101,7 @@ pub fn describe() {
     );
     describe_counter!(
         STORE_FAILED,
-        "Jobs that succeeded but whose result was not stored to replay: a redelivery may run them again, or fails as unreplayable."
+        "Jobs (or HTTP requests) that succeeded but whose result was not stored to replay."
     );
     describe_counter!(
         BREAKER_TRANSITIONS,

@@ -355,9 +355,9 @@ impl Claimed {
 /// one default scope are found. Nested functions of one name in one module, or methods of one
 /// name in two `impl` blocks of one module, get the same default, and their keys would collide:
 /// a call of one would replay the other's result. Once a second function registers a name,
-/// calls of both fail with [`Error::Config`](crate::Error::Config) (and the log says so once) until each pins a
-/// `scope`. Only functions that run in this process are compared; a pinned `scope` is never
-/// checked, as two functions may share one on purpose.
+/// calls of both fail with [`Error::Config`](crate::Error::Config) (and the log says so once)
+/// until each pins a `scope`. Only functions that run in this process are compared; a pinned
+/// `scope` is never checked, as two functions may share one on purpose.
 #[doc(hidden)]
 pub struct DefaultScope {
     name: &'static str,

@@ -741,7 +741,7 @@ impl InTransaction<'_> {
     }
 
     /// The scope is `#[idempotent]`'s default for one function: checked, before anything is
-    /// claimed, to be no other function's (see `Idempotent::default_scope`).
+    /// claimed, to be no other function's (see [`DefaultScope`](crate::store::DefaultScope)).
     #[doc(hidden)]
     pub fn default_scope(mut self, scope: &'static crate::store::DefaultScope) -> Self {
         self.default_scope = Some(scope);
