@@ -6,45 +6,12 @@ mod http_support;
 use axum::body::Body;
 use http_support::{Handler, app};
 use jobguard::http::IdempotencyLayer;
-use jobguard::store::StoreFuture;
-use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::{Event, Runtime};
+use jobguard_testkit::faulty::Faulty;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::Service;
-
-/// A `MemoryStore` on which every renewal and completion finds the lease lost.
-#[derive(Clone, Default)]
-struct Losing {
-    inner: MemoryStore,
-}
-
-impl Store for Losing {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fp: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        self.inner.claim(key, token, fp, lease)
-    }
-    fn complete<'a>(
-        &'a self,
-        _: StoreKey<'a>,
-        _: &'a str,
-        _: &'a [u8],
-        _: Duration,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::LeaseLost) })
-    }
-    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        self.inner.release(key, token)
-    }
-    fn renew<'a>(&'a self, _: StoreKey<'a>, _: &'a str, _: Duration) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::LeaseLost) })
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_while_the_handler_ran_is_raised_once() {
@@ -62,7 +29,10 @@ async fn a_lease_lost_while_the_handler_ran_is_raised_once() {
         work: Duration::from_secs(2),
         ..Handler::default()
     };
-    let layer = IdempotencyLayer::new(Losing::default()).lease(Duration::from_secs(3));
+    // Every renewal and completion finds the lease lost.
+    let store = Faulty::default();
+    store.lose_lease.store(true, Ordering::SeqCst);
+    let layer = IdempotencyLayer::new(store).lease(Duration::from_secs(3));
     let mut service = app(handler.clone(), layer);
     std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut service, cx))
         .await

@@ -2,68 +2,14 @@
 //! (`fail` and `wait`), the lease (renewal, a crashed holder, cancellation, panic, loss), fail
 //! closed, the stored-result write failing, fingerprints, corrupt records, TTL and scopes.
 
-use jobguard::store::StoreFuture;
 use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use jobguard_testkit::faulty::Faulty;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 type Result<T> = std::result::Result<T, Error>;
-
-/// A `MemoryStore` whose operations can be made to fail.
-#[derive(Clone, Default)]
-struct Faulty {
-    inner: MemoryStore,
-    down: Arc<AtomicBool>,
-    complete_fails: Arc<AtomicU32>,
-    lose_lease: Arc<AtomicBool>,
-}
-
-impl Store for Faulty {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fp: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        if self.down.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(Error::Store("connection refused".into())) });
-        }
-        self.inner.claim(key, token, fp, lease)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        record: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, ()> {
-        if self.lose_lease.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(Error::LeaseLost) });
-        }
-        if self.complete_fails.load(Ordering::SeqCst) > 0 {
-            self.complete_fails.fetch_sub(1, Ordering::SeqCst);
-            return Box::pin(async { Err(Error::Store("write failed".into())) });
-        }
-        self.inner.complete(key, token, record, ttl)
-    }
-    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        self.inner.release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        lease: Duration,
-    ) -> StoreFuture<'a, ()> {
-        if self.lose_lease.load(Ordering::SeqCst) {
-            return Box::pin(async { Err(Error::LeaseLost) });
-        }
-        self.inner.renew(key, token, lease)
-    }
-}
 
 /// Counts body runs; optionally holds the body until released.
 #[derive(Default)]

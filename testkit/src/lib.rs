@@ -2,13 +2,15 @@
 //! `redis-server` per test on a free loopback port ([`redis`]), a private 6-node Redis Cluster
 //! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share
 //! ([`pg_job`]), one conformance suite for every idempotency store ([`conformance`]), a reader
-//! of the Prometheus text format ([`prometheus`]), a counting allocator ([`alloc`]) and the
-//! error of a job against a flaky gateway ([`gateway`]). Not published.
+//! of the Prometheus text format ([`prometheus`]), a counting allocator ([`alloc`]), a
+//! `MemoryStore` whose operations can be made to fail ([`faulty`]) and the error of a job
+//! against a flaky gateway ([`gateway`]). Not published.
 #![warn(missing_docs)]
 
 pub mod alloc;
 pub mod cluster;
 pub mod conformance;
+pub mod faulty;
 pub mod gateway;
 pub mod pg_job;
 pub mod postgres;

@@ -1,0 +1,66 @@
+//! A `MemoryStore` whose operations can be made to fail: an unreachable store, failed writes,
+//! a lost lease. For the idempotency guard's and the HTTP layer's tests.
+
+use jobguard::store::StoreFuture;
+use jobguard::{Claim, Error, MemoryStore, Store, StoreKey};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+/// A `MemoryStore` whose operations can be made to fail.
+#[derive(Clone, Default)]
+pub struct Faulty {
+    /// The store the operations go to when they do not fail.
+    pub inner: MemoryStore,
+    /// Claims fail with `Error::Store`, as an unreachable store's do.
+    pub down: Arc<AtomicBool>,
+    /// The next this many completions fail with `Error::Store`.
+    pub complete_fails: Arc<AtomicU32>,
+    /// Renewals and completions find the lease lost.
+    pub lose_lease: Arc<AtomicBool>,
+}
+
+impl Store for Faulty {
+    fn claim<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        fp: Option<&'a str>,
+        lease: Duration,
+    ) -> StoreFuture<'a, Claim> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::Store("connection refused".into())) });
+        }
+        self.inner.claim(key, token, fp, lease)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        record: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::LeaseLost) });
+        }
+        if self.complete_fails.load(Ordering::SeqCst) > 0 {
+            self.complete_fails.fetch_sub(1, Ordering::SeqCst);
+            return Box::pin(async { Err(Error::Store("write failed".into())) });
+        }
+        self.inner.complete(key, token, record, ttl)
+    }
+    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
+        self.inner.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, ()> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::LeaseLost) });
+        }
+        self.inner.renew(key, token, lease)
+    }
+}
