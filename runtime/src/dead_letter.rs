@@ -321,11 +321,7 @@ pub(crate) fn redriven(job: &str, key: Option<&str>) -> bool {
 
 /// Sends `letter` to `sink`, and logs a letter the sink refuses whole ([`letter_lost`]):
 /// `true` when the sink took it. How the retry engine and the idempotency guard send theirs.
-/// The redriven job's own give-up sends nothing: the redriven letter stands for it.
 pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
-    if redriven(&letter.job, letter.key.as_deref()) {
-        return true;
-    }
     // A copy for the log, should the sink fail: the letter is not lost with it.
     let kept = letter.clone();
     match sink.send(letter).await {

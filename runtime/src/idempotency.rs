@@ -318,6 +318,10 @@ impl<'a> Idempotent<'a> {
     /// ([`dead_letter`](Self::dead_letter)) or else the runtime's; a sink's failure is logged,
     /// never returned.
     async fn letter_crashed(&self, runtime: &Runtime, crashes: u32) {
+        // The redriven letter of this job stays as its one letter: nothing is raised or sent.
+        if crate::dead_letter::redriven(self.name, Some(self.key)) {
+            return;
+        }
         let now = std::time::SystemTime::now();
         let error = Error::Poisoned { crashes };
         log_error(format_args!(
@@ -336,9 +340,7 @@ impl<'a> Idempotent<'a> {
         )
         .with_history(vec![error.to_string()]);
         let letter = crate::retry::with_payload(letter, self.payload);
-        if !crate::dead_letter::redriven(self.name, Some(self.key)) {
-            runtime.emit(&Event::DeadLetter(&letter));
-        }
+        runtime.emit(&Event::DeadLetter(&letter));
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
         // The store reports a poisoned key's first refusal once: a letter the sink did not take
         // is written to the log whole (by `deliver`), or nothing would record it.

@@ -688,6 +688,11 @@ impl<'a> Retry<'a> {
             });
             return Box::pin(std::future::ready(()));
         }
+        // A redriven job that gives up again leaves the redriven letter as its one letter:
+        // nothing is raised or sent.
+        if crate::dead_letter::redriven(self.spec.job, self.spec.key) {
+            return Box::pin(std::future::ready(()));
+        }
         let attempts = delivery.map_or(this_delivery, |d| {
             (d.number.saturating_sub(1))
                 .saturating_mul(self.spec.policy.attempts)
@@ -711,10 +716,7 @@ impl<'a> Retry<'a> {
         );
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
-        // A redriven job that gives up again leaves the redriven letter as its one letter.
-        if !crate::dead_letter::redriven(self.spec.job, self.spec.key) {
-            self.emit(&Event::DeadLetter(&letter));
-        }
+        self.emit(&Event::DeadLetter(&letter));
         let delivered: Pin<Box<dyn Future<Output = bool> + Send + 'a>> = match self.spec.sink {
             Some(sink) => Box::pin(crate::dead_letter::deliver(sink, letter)),
             None => {
