@@ -1,6 +1,7 @@
 //! `#[retry(breaker = ...)]` under a paused clock: the breaker is asked before every attempt,
 //! only transient failures count, and an open breaker ends the call with `Error::CircuitOpen`
-//! and a `GiveUp::CircuitOpen` dead letter.
+//! and a `GiveUp::CircuitOpen` dead letter: at once when it is open for longer than the next
+//! attempt would wait, else after the wait, when the half-open breaker lets the attempt probe.
 
 use jobguard::{BreakerState, CircuitBreaker, DeadLetter, GiveUp, MemoryDeadLetters, Runtime};
 use jobguard_testkit::gateway::GatewayError;
@@ -31,7 +32,17 @@ async fn always(
 
 #[tokio::test(start_paused = true)]
 async fn a_breaker_that_opens_mid_loop_stops_the_loop() {
-    let (runtime, letters) = with_letters();
+    let letters = MemoryDeadLetters::new();
+    let retries = std::sync::Arc::new(AtomicU32::new(0));
+    let counted = retries.clone();
+    let runtime = Runtime::builder()
+        .dead_letters(letters.clone())
+        .observer(move |e: &jobguard::Event<'_>| {
+            if matches!(e, jobguard::Event::Retry { .. }) {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build();
     let breaker = CircuitBreaker::new(2, COOLDOWN);
     let calls = AtomicU32::new(0);
     let start = Instant::now();
@@ -39,18 +50,24 @@ async fn a_breaker_that_opens_mid_loop_stops_the_loop() {
         .scope(always(&breaker, &calls, || GatewayError::Timeout))
         .await
         .unwrap_err();
-    // Attempt 1 at 0ms fails, attempt 2 at 100ms fails and opens the breaker; before attempt 3,
-    // at 300ms, the breaker is asked again and refuses: the loop stops with 3 attempts unused.
+    // Attempt 1 at 0ms fails, attempt 2 at 100ms fails and opens the breaker for 30s, longer
+    // than the 200ms the next attempt would wait: the call is refused at once, as that attempt
+    // would be, with no retry announced and no sleep; the loop stops with 3 attempts unused.
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    let retry_in = COOLDOWN - Duration::from_millis(200);
+    let retry_in = COOLDOWN;
     assert!(
         matches!(err, GatewayError::Jobguard(jobguard::Error::CircuitOpen { retry_in: r }) if r == retry_in),
         "{err:?}"
     );
     assert_eq!(
         start.elapsed(),
-        Duration::from_millis(300),
-        "no wait after the refusal"
+        Duration::from_millis(100),
+        "no wait for a refusal known in advance"
+    );
+    assert_eq!(
+        retries.load(Ordering::SeqCst),
+        1,
+        "after attempt 1 only: no retry is announced that the breaker would refuse"
     );
     assert_eq!(breaker.state(), BreakerState::Open);
     let letters: Vec<DeadLetter> = letters.letters();
@@ -194,5 +211,44 @@ async fn a_success_inside_the_loop_resets_the_count() {
         BreakerState::Closed,
         "2 + 2 failures, never 3 in a row"
     );
+    assert!(letters.is_empty());
+}
+
+/// Fails with a `Retry-After` of `wait` while `calls` is below `failures`.
+#[jobguard::retry(attempts = 3, base = "100ms", jitter = none, on = after, breaker = breaker)]
+async fn rate_limited(
+    breaker: &CircuitBreaker,
+    calls: &AtomicU32,
+    failures: u32,
+) -> Result<u32, GatewayError> {
+    let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+    if n <= failures {
+        return Err(GatewayError::Timeout);
+    }
+    Ok(n)
+}
+
+/// Every failure asks to be retried 2s later: longer than the 1s cooldown below.
+fn after(_: &GatewayError) -> jobguard::Verdict {
+    jobguard::Verdict::RetryAfter(Duration::from_secs(2))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_the_cooldown_is_kept_and_the_next_attempt_probes() {
+    let (runtime, letters) = with_letters();
+    let breaker = CircuitBreaker::new(1, Duration::from_secs(1));
+    let calls = AtomicU32::new(0);
+    let start = Instant::now();
+    let n = runtime
+        .scope(rate_limited(&breaker, &calls, 1))
+        .await
+        .expect("the breaker is half-open when the wait ends: attempt 2 probes and succeeds");
+    assert_eq!(n, 2);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(2),
+        "the Retry-After wait"
+    );
+    assert_eq!(breaker.state(), BreakerState::Closed);
     assert!(letters.is_empty());
 }

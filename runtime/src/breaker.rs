@@ -16,7 +16,9 @@
 //! ```
 //!
 //! With `#[retry(breaker = GATEWAY)]` the loop asks the breaker before every attempt, so a breaker
-//! that opens mid-loop stops the loop. Only transient failures count against it: a permanent
+//! that opens mid-loop stops the loop: at once, when it will still be open once the next
+//! attempt's wait is over (no retry is announced, nothing sleeps), else when that attempt is
+//! refused or probes the half-open breaker. Only transient failures count against it: a permanent
 //! failure says nothing about the dependency's health. Code that cannot take the attribute asks the
 //! breaker itself with [`CircuitBreaker::acquire`] and reports through the [`Permit`].
 //!

@@ -71,14 +71,17 @@ pub(crate) enum Origin {
 
 /// The policy in one function: after attempt `attempt` failed from `origin` with `verdict`,
 /// retry after how long, or give up why. `elapsed` is the time since the first attempt started,
-/// given when the policy has a budget (and the budget's end can be represented); `delay` draws
-/// the jittered curve's delay for this retry and is called only when the curve is needed.
+/// given when the policy has a budget (and the budget's end can be represented); `open_for` is
+/// how much longer the call's breaker stays open (zero when it is closed, or there is none);
+/// `delay` draws the jittered curve's delay for this retry and is called only when the curve is
+/// needed.
 pub(crate) fn decide(
     policy: &Policy,
     attempt: u32,
     origin: Origin,
     verdict: Verdict,
     elapsed: Option<Duration>,
+    open_for: Duration,
     delay: impl FnOnce() -> Duration,
 ) -> Decision {
     let reason = match origin {
@@ -100,6 +103,11 @@ pub(crate) fn decide(
         if elapsed.checked_add(delay).is_none_or(|next| next >= budget) {
             return Decision::GiveUp(GiveUp::Budget);
         }
+    }
+    // The breaker (opened by this failure, or by others) would refuse the next attempt: give up
+    // now, as that refusal would, rather than announce a retry and sleep only to be refused.
+    if open_for > delay {
+        return Decision::GiveUp(GiveUp::CircuitOpen);
     }
     Decision::RetryAfter(delay)
 }
@@ -601,7 +609,8 @@ impl<'a> Retry<'a> {
     }
 
     /// What follows an outcome that was not accepted: the delay before the next attempt, or the
-    /// give-up and its dead letter on their way to the sink.
+    /// give-up and its dead letter on their way to the sink. `breaker` is the round's: when it is
+    /// open for longer than the delay would be, the call is refused now ([`Next::Refused`]).
     #[cold]
     fn failed(
         &mut self,
@@ -609,6 +618,7 @@ impl<'a> Retry<'a> {
         origin: Origin,
         verdict: Verdict,
         permit: Option<Permit<'a>>,
+        breaker: Option<&CircuitBreaker>,
     ) -> Next<'a> {
         self.stamp();
         self.failures().trail.failed(failure);
@@ -625,10 +635,23 @@ impl<'a> Retry<'a> {
             start.checked_add(budget).map(|_| start.elapsed())
         });
         let attempt = self.number;
-        let decision = decide(policy, attempt, origin, verdict, elapsed, || {
+        let open_for = match origin {
+            Origin::Body | Origin::Timeout if verdict.is_retryable() => {
+                breaker.map_or(Duration::ZERO, CircuitBreaker::retry_in)
+            }
+            _ => Duration::ZERO,
+        };
+        let decision = decide(policy, attempt, origin, verdict, elapsed, open_for, || {
             self.jittered(attempt)
         });
         match decision {
+            // The next attempt's refusal, made now: booked and given up as `refuse` does.
+            Decision::GiveUp(GiveUp::CircuitOpen) if origin != Origin::CircuitOpen => {
+                let refused = Error::CircuitOpen { retry_in: open_for };
+                self.failures().trail.failed(&refused);
+                let sending = self.give_up(GiveUp::CircuitOpen, refused.to_string());
+                Next::Refused(open_for, sending)
+            }
             Decision::RetryAfter(delay) => {
                 self.failures().previous_delay = delay;
                 self.emit(&Event::Retry {
@@ -813,6 +836,9 @@ enum Admitted<'a> {
 enum Next<'a> {
     RetryAfter(Duration),
     GiveUp(Sending<'a>),
+    /// The breaker is open for this much longer than the delay would have been: the call gives
+    /// up now with [`Error::CircuitOpen`], as the next attempt's refusal would have.
+    Refused(Duration, Sending<'a>),
 }
 
 /// The failure an `on_ok` retry books: the value itself need not be `Display`.
@@ -1262,7 +1288,7 @@ where
         let refused = Error::CircuitOpen { retry_in };
         let next = this
             .retry
-            .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None);
+            .failed(&refused, Origin::CircuitOpen, Verdict::Fail, None, None);
         match G::lift(refused) {
             Some(error) => Self::after(this, next, Err(error)),
             // Only a guarded round has a breaker to refuse it.
@@ -1292,14 +1318,25 @@ where
             (Err(_), _, None) => Verdict::Fail,
         };
         let permit = Self::take_permit(this);
+        let breaker = this.guard.breaker();
         let next = match &result {
             Ok(_) if verdict == Verdict::Fail => {
                 this.retry.succeeded(permit);
                 *this.state = State::Done;
                 return ControlFlow::Break(result);
             }
-            Ok(_) => this.retry.failed(&OkRetried, origin, verdict, permit),
-            Err(error) => this.retry.failed(error, origin, verdict, permit),
+            Ok(_) => this
+                .retry
+                .failed(&OkRetried, origin, verdict, permit, breaker),
+            Err(error) => this.retry.failed(error, origin, verdict, permit, breaker),
+        };
+        let (next, result) = match next {
+            // Only a guarded round has a breaker; were there none, the failure is returned.
+            Next::Refused(retry_in, sending) => match G::lift(Error::CircuitOpen { retry_in }) {
+                Some(refused) => (Next::GiveUp(sending), Err(refused)),
+                None => (Next::GiveUp(sending), result),
+            },
+            next => (next, result),
         };
         Self::after(this, next, result);
         ControlFlow::Continue(())
@@ -1354,7 +1391,7 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
                 }
                 State::Sleep { timed }
             }
-            Next::GiveUp(sending) => {
+            Next::GiveUp(sending) | Next::Refused(_, sending) => {
                 this.retry.failures().sending = Some(sending);
                 State::GiveUp(result)
             }
@@ -1528,6 +1565,9 @@ mod tests {
         move || POLICY.delay(retry)
     }
 
+    /// No breaker, or a closed one.
+    const CLOSED: Duration = Duration::ZERO;
+
     fn never() -> Duration {
         panic!("the curve is not needed here")
     }
@@ -1542,6 +1582,7 @@ mod tests {
                     Origin::Body,
                     Verdict::Retry,
                     None,
+                    CLOSED,
                     curve(attempt)
                 ),
                 Decision::RetryAfter(Duration::from_millis(ms))
@@ -1553,7 +1594,7 @@ mod tests {
     fn retry_after_waits_exactly_and_skips_the_curve() {
         let exact = Verdict::RetryAfter(Duration::from_secs(7));
         assert_eq!(
-            decide(&POLICY, 1, Origin::Body, exact, None, never),
+            decide(&POLICY, 1, Origin::Body, exact, None, CLOSED, never),
             Decision::RetryAfter(Duration::from_secs(7))
         );
     }
@@ -1561,12 +1602,28 @@ mod tests {
     #[test]
     fn the_last_attempt_gives_up_exhausted() {
         assert_eq!(
-            decide(&POLICY, 3, Origin::Body, Verdict::Retry, None, never),
+            decide(
+                &POLICY,
+                3,
+                Origin::Body,
+                Verdict::Retry,
+                None,
+                CLOSED,
+                never
+            ),
             Decision::GiveUp(GiveUp::Exhausted)
         );
         let once = Policy::new().attempts(1);
         assert_eq!(
-            decide(&once, 1, Origin::Timeout, Verdict::Retry, None, never),
+            decide(
+                &once,
+                1,
+                Origin::Timeout,
+                Verdict::Retry,
+                None,
+                CLOSED,
+                never
+            ),
             Decision::GiveUp(GiveUp::Exhausted)
         );
     }
@@ -1574,7 +1631,7 @@ mod tests {
     #[test]
     fn a_permanent_failure_gives_up_at_once() {
         assert_eq!(
-            decide(&POLICY, 1, Origin::Body, Verdict::Fail, None, never),
+            decide(&POLICY, 1, Origin::Body, Verdict::Fail, None, CLOSED, never),
             Decision::GiveUp(GiveUp::Permanent)
         );
     }
@@ -1582,11 +1639,27 @@ mod tests {
     #[test]
     fn the_runtime_s_own_refusals_give_up_with_their_reason() {
         assert_eq!(
-            decide(&POLICY, 1, Origin::CircuitOpen, Verdict::Retry, None, never),
+            decide(
+                &POLICY,
+                1,
+                Origin::CircuitOpen,
+                Verdict::Retry,
+                None,
+                CLOSED,
+                never
+            ),
             Decision::GiveUp(GiveUp::CircuitOpen)
         );
         assert_eq!(
-            decide(&POLICY, 1, Origin::Budget, Verdict::Retry, None, never),
+            decide(
+                &POLICY,
+                1,
+                Origin::Budget,
+                Verdict::Retry,
+                None,
+                CLOSED,
+                never
+            ),
             Decision::GiveUp(GiveUp::Budget)
         );
     }
@@ -1602,6 +1675,7 @@ mod tests {
                 Origin::Body,
                 Verdict::Retry,
                 elapsed(100),
+                CLOSED,
                 curve(1)
             ),
             Decision::RetryAfter(Duration::from_millis(100))
@@ -1613,19 +1687,68 @@ mod tests {
                 Origin::Body,
                 Verdict::Retry,
                 elapsed(150),
+                CLOSED,
                 curve(1)
             ),
             Decision::GiveUp(GiveUp::Budget)
         );
         let forever = Verdict::RetryAfter(Duration::MAX);
         assert_eq!(
-            decide(&budget, 1, Origin::Body, forever, elapsed(1), never),
+            decide(&budget, 1, Origin::Body, forever, elapsed(1), CLOSED, never),
             Decision::GiveUp(GiveUp::Budget)
         );
         // An unrepresentable budget's end is no limit: the engine passes no elapsed time.
         assert_eq!(
-            decide(&budget, 1, Origin::Body, forever, None, never),
+            decide(&budget, 1, Origin::Body, forever, None, CLOSED, never),
             Decision::RetryAfter(Duration::MAX)
+        );
+    }
+
+    #[test]
+    fn a_breaker_open_past_the_delay_gives_up_now_and_one_that_reopens_first_waits() {
+        let open = |ms| Duration::from_millis(ms);
+        assert_eq!(
+            decide(
+                &POLICY,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                None,
+                open(30_000),
+                curve(1)
+            ),
+            Decision::GiveUp(GiveUp::CircuitOpen)
+        );
+        assert_eq!(
+            decide(
+                &POLICY,
+                1,
+                Origin::Body,
+                Verdict::Retry,
+                None,
+                open(100),
+                curve(1)
+            ),
+            Decision::RetryAfter(Duration::from_millis(100)),
+            "half-open when the wait ends: the next attempt probes"
+        );
+        let exact = Verdict::RetryAfter(Duration::from_secs(60));
+        assert_eq!(
+            decide(&POLICY, 1, Origin::Body, exact, None, open(30_000), never),
+            Decision::RetryAfter(Duration::from_secs(60))
+        );
+        // The failure's own reason comes first.
+        assert_eq!(
+            decide(
+                &POLICY,
+                3,
+                Origin::Body,
+                Verdict::Retry,
+                None,
+                open(30_000),
+                never
+            ),
+            Decision::GiveUp(GiveUp::Exhausted)
         );
     }
 
