@@ -70,24 +70,66 @@ fn suggestion(text: &str) -> Option<String> {
         if num.is_empty() {
             return None;
         }
-        let unit = match word.to_ascii_lowercase().as_str() {
-            "ns" | "nsec" | "nsecs" | "nanos" | "nanosecond" | "nanoseconds" => "ns",
-            "us" | "µs" | "μs" | "usec" | "usecs" | "micros" | "microsecond" | "microseconds" => {
-                "us"
-            }
-            "ms" | "msec" | "msecs" | "millis" | "millisecond" | "milliseconds" => "ms",
-            "s" | "sec" | "secs" | "second" | "seconds" => "s",
-            "m" | "min" | "mins" | "minute" | "minutes" => "m",
-            "h" | "hr" | "hrs" | "hour" | "hours" => "h",
-            "d" | "day" | "days" => "d",
-            _ => return None,
-        };
+        let word = word.to_ascii_lowercase();
+        let unit = UNITS
+            .iter()
+            .find(|u| u.spellings.contains(&word.as_str()) || u.aliases.contains(&word.as_str()))?;
         fixed.push_str(num);
-        fixed.push_str(unit);
+        fixed.push_str(unit.spellings[0]);
         rest = tail.trim_start();
     }
     strict(&fixed).ok().map(|_| fixed)
 }
+
+/// A unit of a duration literal.
+struct Unit {
+    /// How a literal may spell it; the first is how a suggestion writes it.
+    spellings: &'static [&'static str],
+    /// Nanoseconds in one.
+    nanos: u128,
+    /// Other spellings (lowercase), which a suggestion reads as this unit.
+    aliases: &'static [&'static str],
+}
+
+/// Every unit, listed once: what [`strict`] accepts and what [`suggestion`] respells.
+const UNITS: [Unit; 7] = [
+    Unit {
+        spellings: &["ns"],
+        nanos: 1,
+        aliases: &["nsec", "nsecs", "nanos", "nanosecond", "nanoseconds"],
+    },
+    Unit {
+        // The micro sign, and the Greek mu it is often typed as.
+        spellings: &["us", "\u{b5}s", "\u{3bc}s"],
+        nanos: 1_000,
+        aliases: &["usec", "usecs", "micros", "microsecond", "microseconds"],
+    },
+    Unit {
+        spellings: &["ms"],
+        nanos: 1_000_000,
+        aliases: &["msec", "msecs", "millis", "millisecond", "milliseconds"],
+    },
+    Unit {
+        spellings: &["s"],
+        nanos: 1_000_000_000,
+        aliases: &["sec", "secs", "second", "seconds"],
+    },
+    Unit {
+        spellings: &["m"],
+        nanos: 60_000_000_000,
+        aliases: &["min", "mins", "minute", "minutes"],
+    },
+    Unit {
+        spellings: &["h"],
+        nanos: 3_600_000_000_000,
+        aliases: &["hr", "hrs", "hour", "hours"],
+    },
+    Unit {
+        spellings: &["d"],
+        nanos: 86_400_000_000_000,
+        aliases: &["day", "days"],
+    },
+];
 
 /// A letter of a unit: ASCII, or the `µ` of `µs` (the micro sign, or the Greek mu it is often
 /// typed as).
@@ -119,16 +161,10 @@ fn strict(text: &str) -> Result<Duration, (String, bool)> {
         if num.is_empty() {
             return Err((format!("expected a number before `{}`", rest), true));
         }
-        let nanos_per: u128 = match unit {
-            "ns" => 1,
-            "us" | "µs" | "μs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            "d" => 86_400_000_000_000,
-            "" => return Err((format!("`{num}` has no unit"), true)),
-            other => return Err((format!("`{other}` is not a unit"), true)),
+        let nanos_per = match UNITS.iter().find(|u| u.spellings.contains(&unit)) {
+            Some(known) => known.nanos,
+            None if unit.is_empty() => return Err((format!("`{num}` has no unit"), true)),
+            None => return Err((format!("`{unit}` is not a unit"), true)),
         };
         let (int, frac) = num.split_once('.').unwrap_or((num, ""));
         if int.is_empty() && frac.is_empty() || frac.contains('.') {
