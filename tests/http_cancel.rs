@@ -3,8 +3,7 @@
 
 mod http_support;
 
-use axum::body::Body;
-use http_support::{Handler, app};
+use http_support::{Handler, app, charge_request, ready};
 use jobguard::http::IdempotencyLayer;
 use jobguard::{Claim, MemoryStore, Store, StoreKey};
 use std::time::Duration;
@@ -15,13 +14,8 @@ async fn a_request_dropped_mid_handler_releases_its_claim() {
     let store = MemoryStore::new();
     let (handler, _gate) = Handler::gated();
     let mut service = app(handler.clone(), IdempotencyLayer::new(store.clone()));
-    std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut service, cx))
-        .await
-        .unwrap();
-    let request = http::Request::post("/charge/order-A")
-        .header("idempotency-key", "k")
-        .body(Body::from("{}"))
-        .unwrap();
+    ready(&mut service).await;
+    let request = charge_request("k");
     // Polled here, not spawned, so that dropping it below is the cancellation, with nothing
     // run in between.
     let mut running = Box::pin(service.call(request));

@@ -3,8 +3,7 @@
 
 mod http_support;
 
-use axum::body::Body;
-use http_support::{Handler, app};
+use http_support::{Handler, app, charge_request, ready};
 use jobguard::http::IdempotencyLayer;
 use jobguard::{Event, Runtime};
 use jobguard_testkit::faulty::Faulty;
@@ -34,13 +33,8 @@ async fn a_lease_lost_while_the_handler_ran_is_raised_once() {
     store.lose_lease.store(true, Ordering::SeqCst);
     let layer = IdempotencyLayer::new(store).lease(Duration::from_secs(3));
     let mut service = app(handler.clone(), layer);
-    std::future::poll_fn(|cx| Service::<http::Request<Body>>::poll_ready(&mut service, cx))
-        .await
-        .unwrap();
-    let request = http::Request::post("/charge/order-A")
-        .header("idempotency-key", "k")
-        .body(Body::from("{}"))
-        .unwrap();
+    ready(&mut service).await;
+    let request = charge_request("k");
     let response = runtime.scope(service.call(request)).await.unwrap();
     assert_eq!(response.status(), 201, "the handler's answer goes out");
     assert_eq!(handler.runs(), 1);

@@ -108,6 +108,25 @@ async fn runs(State(h): State<Handler>) -> String {
     h.runs().to_string()
 }
 
+/// `app` ready for [`tower::Service::call`], for a test that calls it in process, without a
+/// socket (to drop a request mid-handler, or to run it inside a `Runtime`'s scope).
+pub async fn ready(app: &mut Router) {
+    std::future::poll_fn(|cx| {
+        tower::Service::<http::Request<axum::body::Body>>::poll_ready(&mut *app, cx)
+    })
+    .await
+    .expect("a Router is always ready");
+}
+
+/// `POST /charge/order-A` with `Idempotency-Key: key` and an empty JSON body, for [`ready`]'s
+/// app.
+pub fn charge_request(key: &str) -> http::Request<axum::body::Body> {
+    http::Request::post("/charge/order-A")
+        .header("idempotency-key", key)
+        .body(axum::body::Body::from("{}"))
+        .expect("a valid request")
+}
+
 /// Serves `app` on a free loopback port.
 pub async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
