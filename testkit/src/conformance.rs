@@ -864,7 +864,7 @@ pub async fn records_of_the_first_layout_are_read(store: &RedisStore) {
 
 /// A Redis value that is not a record (another type, another version, a malformed field, a
 /// claim without an expiry) is `Error::Corrupt` for `claim`, "not held" for the token
-/// operations, and left in place. Redis only: it writes the values with raw commands.
+/// operations, never forgiven, and left in place. Redis only: it writes the values with raw commands.
 pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store: &RedisStore) {
     let raw = async |cmd: &mut redis::Cmd| -> redis::Value {
         cmd.query_async(&mut store.connection())
@@ -939,6 +939,13 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
             "{what}"
         );
         store.release(k, "t").await.unwrap();
+        // Nothing is forgiven out of it: refused, or nothing to forgive (a version-1 claim or
+        // completed record, which `forgive` leaves alone unread).
+        let forgiven = store.forgive(k).await;
+        assert!(
+            matches!(forgiven, Ok(false) | Err(Error::Corrupt(_))),
+            "{what}: {forgiven:?}"
+        );
         let exists = raw(redis::cmd("EXISTS").arg(rk(name))).await;
         assert_eq!(
             exists,
