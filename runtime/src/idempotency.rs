@@ -53,10 +53,10 @@
 //! delivery runs the job and takes `crashes` more abandoned claims to poison it again. A
 //! completed record and a live claim are left as they are.
 //!
-//! A **redrive** forgives the key itself. A call of a job inside the redrive of a letter of that
-//! job and key ([`RedisDeadLetters::redrive`](crate::dead_letter::redis::RedisDeadLetters::redrive))
-//! whose claim is refused as poisoned forgives the key once, says so at warn level, and claims
-//! it again: redriving the job's `crashed` letter runs the job (and removes the letter when it
+//! A **redrive** forgives the key itself. A call of a job inside the
+//! [redrive](crate::dead_letter::redis::RedisDeadLetters::redrive) of a letter of that job and
+//! key whose claim is refused as poisoned forgives the key once, says so at warn level, and
+//! claims it again: redriving the job's `crashed` letter runs the job (and removes the letter when it
 //! succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL ends.
 //! The redrive is the operator's word that the job is to run again; if it kills its worker
 //! again, it is counted and poisoned again as before (with no second letter: the redriven one
@@ -487,9 +487,9 @@ fn stored_scope(name: &str) -> Cow<'_, str> {
 /// left as they are (`Ok(false)`). See [`Store::forgive`], which this calls, and the
 /// [module docs](self#forgiving-a-key).
 ///
-/// `job` is the job's name as its [`DeadLetter`](crate::DeadLetter) and its events give it:
-/// `#[idempotent]`'s `scope`, else the function's module path and name (`my_crate::payments::charge`),
-/// which is stored with `.` for `::` as [`Idempotent::new`] stores it. `key` is the key as the
+/// `job` is the job's name as its [`DeadLetter`] and its events give it: `#[idempotent]`'s
+/// `scope`, else the function's module path and name (`my_crate::payments::charge`), which is
+/// stored with `.` for `::` as [`Idempotent::new`] stores it. `key` is the key as the
 /// job computed it (the letter's [`key`](crate::DeadLetter::key)). The runtime's store is
 /// `Runtime::current().store()`.
 ///
