@@ -56,11 +56,13 @@
 //! A **redrive** forgives the key itself. A call of a job inside the
 //! [redrive](crate::dead_letter::redis::RedisDeadLetters::redrive) of a letter of that job and
 //! key whose claim is refused as poisoned forgives the key once, says so at warn level, and
-//! claims it again: redriving the job's `crashed` letter runs the job (and removes the letter when it
-//! succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL ends.
-//! The redrive is the operator's word that the job is to run again; if it kills its worker
-//! again, it is counted and poisoned again as before (with no second letter: the redriven one
-//! stays). Outside a redrive, a poisoned key is never forgiven on its own.
+//! claims it again: redriving the job's `crashed` letter runs the job (and removes the letter
+//! when it succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL
+//! ends.
+//! The redrive is the operator's word that the job is to run again. If the redriven run kills
+//! its process again, the letter stays (the redrive did not succeed), and its lapsed claim
+//! counts as a crash like any other. Outside a redrive, a poisoned key is never forgiven on its
+//! own.
 
 use crate::attempt::{Fenced, FirstAttempt};
 use crate::bounds::{FromJobguard, Replayable};

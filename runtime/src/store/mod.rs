@@ -259,7 +259,10 @@ pub trait Store: Send + Sync {
     /// claim (its lease has not ended: its worker may be running the job; forgive again once
     /// it ends, if it crashed), a free key without crashes, and a key the store does not hold.
     /// The key's generation is kept, so the fence only grows while its history is kept: the
-    /// next claim is numbered one more than the last.
+    /// next claim is numbered one more than the last. (The history of a forgiven key is kept
+    /// as a released key's is, until the TTL of the claim that made it, or that poisoned it; a
+    /// [`MemoryStore`](memory::MemoryStore) short of room drops it first, as it does a released
+    /// key's: see [`claim_with`](Store::claim_with).)
     ///
     /// One atomic operation against concurrent claims, for an operator (a job refused by
     /// mistake, such as one that only ran beside a poison job in a worker process that died)
