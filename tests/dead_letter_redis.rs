@@ -1,14 +1,15 @@
 //! `RedisDeadLetters` against a private `redis-server` per test: letters from jobs listed, read
-//! by id, counted and removed; redrive removes a letter only when the job succeeds; the stream is
-//! trimmed near its bound; a corrupt entry is `Error::Corrupt` naming it; a lost server is
-//! `Error::Store`.
+//! by id, counted and removed; redrive removes a letter only when the job succeeds, and a
+//! `crashed` letter's redrive forgives the job's poisoned key (in a `RedisStore` on the same
+//! server) and runs it; the stream is trimmed near its bound; a corrupt entry is
+//! `Error::Corrupt` naming it; a lost server is `Error::Store`.
 //!
 //! These run on the real clock: the connection's timeouts are real I/O, which tokio's paused
 //! clock would fire early. The jobs retry after 1 ms.
 
 use jobguard::dead_letter::redis::{RedisDeadLetters, RedriveError};
 use jobguard::store::redis::RedisStore;
-use jobguard::{DeadLetter, DeadLetterSink, Error, GiveUp, Runtime};
+use jobguard::{ClaimOptions, DeadLetter, DeadLetterSink, Error, GiveUp, Runtime, Store, StoreKey};
 use jobguard_testkit::redis::RedisServer;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -212,6 +213,113 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
         .await;
     assert!(matches!(none, Ok(false)));
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// What `fragile` ran: each run's order and fence.
+static FRAGILE_RUNS: Mutex<Vec<(String, Option<u64>)>> = Mutex::new(Vec::new());
+
+/// A job whose worker died holding its key once is poisoned (`crashes = 1`), and letters
+/// `crashed` with its arguments.
+#[jobguard::idempotent(key = order_id, scope = "tests.redis_crashed", lease = "10s", crashes = 1)]
+#[jobguard::retry(attempts = 2, base = "1ms", jitter = none, payload = (order_id, amount))]
+async fn fragile(order_id: &str, amount: u64) -> Result<u64, Error> {
+    FRAGILE_RUNS
+        .lock()
+        .unwrap()
+        .push((order_id.to_owned(), jobguard::fence()));
+    Ok(amount)
+}
+
+/// A worker of `fragile` that claims `order_id` with a short lease and dies; `fragile` is then
+/// called until it finds the lapsed claim, counts it, and is refused: poisoned, one letter.
+async fn poisoned_by_a_dead_worker(runtime: &Runtime, store: &RedisStore, order_id: &str) {
+    let k = StoreKey {
+        scope: "tests.redis_crashed",
+        key: order_id,
+    };
+    let lease = std::time::Duration::from_millis(200);
+    store
+        .claim_with(k, "dead-worker", ClaimOptions::new(lease))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match runtime.scope(fragile(order_id, 7)).await {
+            // The dead worker's lease runs on the server's clock: look again until it lapsed.
+            Err(Error::InProgress) => {
+                assert!(std::time::Instant::now() < deadline, "still held after 5 s");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(Error::Poisoned { crashes: 1 }) => return,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn redriving_a_crashed_letter_forgives_the_key_runs_the_job_and_removes_the_letter() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let letters = RedisDeadLetters::new(store.connection(), STREAM);
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .build();
+    poisoned_by_a_dead_worker(&runtime, &store, "order-C").await;
+    poisoned_by_a_dead_worker(&runtime, &store, "order-D").await;
+    assert!(FRAGILE_RUNS.lock().unwrap().is_empty(), "never ran");
+    let listed = letters.list().await.unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let (id, letter) = listed[0].clone();
+    assert_eq!(letter.reason, GiveUp::Crashed);
+    assert_eq!(letter.job, "tests.redis_crashed");
+    assert_eq!(letter.key.as_deref(), Some("order-C"));
+    assert_eq!(letter.payload, Some(serde_json::json!(["order-C", 7])));
+
+    // Outside a redrive the key stays refused, and no second letter is written.
+    assert_eq!(
+        runtime.scope(fragile("order-C", 7)).await,
+        Err(Error::Poisoned { crashes: 1 })
+    );
+    // Inside the redrive of another letter (order-D's), order-C is not forgiven either.
+    let other = runtime
+        .scope(letters.redrive(&listed[1].0, |_letter| fragile("order-C", 7)))
+        .await;
+    assert!(
+        matches!(
+            other,
+            Err(RedriveError::Job(Error::Poisoned { crashes: 1 }))
+        ),
+        "{other:?}"
+    );
+    assert_eq!(letters.len().await.unwrap(), 2, "both letters kept");
+    assert!(FRAGILE_RUNS.lock().unwrap().is_empty(), "never ran");
+
+    // The redrive of order-C's own letter forgives its key: the job runs, from the letter's
+    // payload, under a generation after the dead worker's, and the letter goes.
+    let redriven = runtime
+        .scope(letters.redrive(&id, |letter| async move {
+            let (order_id, amount): (String, u64) = letter.payload_as().unwrap()?;
+            fragile(&order_id, amount).await
+        }))
+        .await;
+    assert!(matches!(redriven, Ok(true)), "{redriven:?}");
+    assert_eq!(
+        *FRAGILE_RUNS.lock().unwrap(),
+        [("order-C".to_owned(), Some(2))]
+    );
+    let left = letters.list().await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].1.key.as_deref(), Some("order-D"));
+    // A redelivery now replays the result; order-D is still refused.
+    assert_eq!(runtime.scope(fragile("order-C", 7)).await, Ok(7));
+    assert_eq!(
+        runtime.scope(fragile("order-D", 7)).await,
+        Err(Error::Poisoned { crashes: 1 })
+    );
+    assert_eq!(FRAGILE_RUNS.lock().unwrap().len(), 1, "replayed, not run");
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! Poison jobs and the fence, in one process on the in-memory store under a paused clock: a job
 //! whose claims were abandoned `crashes` times is refused with `Error::Poisoned`, dead-lettered
 //! once with `GiveUp::Crashed` (with its event and metrics label), never run again, and not
-//! retried by `#[retry]`; `jobguard::fence()` gives the body its claim's generation at any depth.
+//! retried by `#[retry]`, until an operator forgives its key (`jobguard::idempotency::forgive`,
+//! by the job's name and key as its letter gives them), after which it runs and its crashes count
+//! from zero; `jobguard::fence()` gives the body its claim's generation at any depth.
 //!
 //! A worker that dies is played by a claim made directly on the store and never completed or
 //! released: its lease lapses, which is all a dead worker leaves behind.
@@ -374,4 +376,107 @@ async fn a_store_that_numbers_no_claims_gives_no_fence_and_counts_no_crash() {
         tokio::time::advance(LEASE).await;
     }
     assert_eq!(runtime.scope(on_a_plain_store("order-X")).await, Ok(None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forgiven_key_runs_its_job_again_and_counts_its_crashes_from_zero() {
+    let store = MemoryStore::new();
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .build();
+    let runs = AtomicU32::new(0);
+    runtime
+        .scope(async {
+            dies_holding(&store, "order-F", "worker-1").await;
+            dies_holding(&store, "order-F", "worker-2").await;
+            assert_eq!(
+                charge("order-F", &runs).await,
+                Err(Error::Poisoned { crashes: 2 })
+            );
+            // The operator forgives the key, by the job's name and key from its letter.
+            let letter = letters.letters().pop().expect("the crash letter");
+            let key = letter.key.as_deref().expect("a key");
+            let forgiven = jobguard::idempotency::forgive(&store, &letter.job, key).await;
+            assert_eq!(forgiven, Ok(true));
+            // Its crashes count from zero again: one more worker dies, and the job still runs.
+            assert!(matches!(
+                dies_holding(&store, "order-F", "worker-3").await,
+                Claimed::Acquired {
+                    generation: 3,
+                    crashes: 0
+                }
+            ));
+            assert_eq!(charge("order-F", &runs).await, Ok(100));
+            assert_eq!(charge("order-F", &runs).await, Ok(100), "replayed");
+            assert_eq!(
+                jobguard::idempotency::forgive(&store, "tests.poison.charge", "order-F").await,
+                Ok(false),
+                "a completed record is left as it is"
+            );
+            assert_eq!(charge("order-F", &runs).await, Ok(100), "still replayed");
+        })
+        .await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(letters.len(), 1, "one letter, from the first refusal");
+}
+
+#[jobguard::idempotent(key = order, lease = "5s", crashes = 1)]
+async fn default_scoped(order: &str) -> Result<Option<u64>, Error> {
+    Ok(jobguard::fence())
+}
+
+#[tokio::test(start_paused = true)]
+async fn forgive_takes_the_jobs_name_as_its_letter_gives_it() {
+    let store = MemoryStore::new();
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .build();
+    // The default scope: the module path and the function's name, stored with `.` for `::`.
+    let k = StoreKey {
+        scope: "idempotent_poison.default_scoped",
+        key: "order-D",
+    };
+    abandon(&store, k, "dies", ClaimOptions::new(LEASE)).await;
+    let got = runtime.scope(default_scoped("order-D")).await;
+    assert_eq!(got, Err(Error::Poisoned { crashes: 1 }));
+    let letter = letters.letters().pop().expect("the crash letter");
+    assert_eq!(letter.job, "idempotent_poison::default_scoped");
+    let forgiven = jobguard::idempotency::forgive(&store, &letter.job, "order-D").await;
+    assert_eq!(forgiven, Ok(true));
+    // Through the runtime's store, as an operator's endpoint in the process would.
+    let again = runtime
+        .scope(async {
+            let store = Runtime::current().store().clone();
+            jobguard::idempotency::forgive(&store, "idempotent_poison::default_scoped", "order-D")
+                .await
+        })
+        .await;
+    assert_eq!(again, Ok(false), "forgiven already");
+    assert_eq!(
+        runtime.scope(default_scoped("order-D")).await,
+        Ok(Some(2)),
+        "runs, under a generation after the dead worker's"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_cannot_forgive_says_so() {
+    let store = Plain::default();
+    let k = StoreKey {
+        scope: "tests.poison.plain",
+        key: "order-Y",
+    };
+    let Err(Error::Store(why)) = store.forgive(k).await else {
+        panic!("the default forgive fails");
+    };
+    assert!(why.contains("Store::forgive"), "{why}");
+    let via_arc = std::sync::Arc::new(store.clone());
+    assert!(matches!(
+        jobguard::idempotency::forgive(&via_arc, "tests.poison.plain", "order-Y").await,
+        Err(Error::Store(_))
+    ));
 }

@@ -301,7 +301,9 @@ tokio::task_local! {
 
 /// Runs `fut`, the job of a redriven letter of `job` under `key`: a give-up of that job and key
 /// inside it writes no letter of its own, since the letter being redriven stays where it is
-/// when the job fails again (one job, one letter). Any other job's letters are written as ever.
+/// when the job fails again (one job, one letter), and a poisoned key of that job and key is
+/// forgiven once so that the job runs (see `Idempotent`'s claim). Any other job's letters are
+/// written, and its keys refused, as ever.
 #[cfg(feature = "redis")]
 pub(crate) fn redriving<F: Future>(
     job: String,

@@ -42,11 +42,32 @@
 //! until the key's TTL ends. A job that kills its worker (an abort, an out-of-memory kill, a
 //! segfault in a native library) thus runs at most `crashes` times, instead of taking down
 //! every worker its broker redelivers it to.
+//!
+//! # Forgiving a key
+//!
+//! A worker process that dies abandons every claim it holds, so a job that only ran beside a
+//! poison job in that process is counted as crashed too, and may be poisoned with it. An
+//! operator forgives such a key with [`forgive`] (the job's name and key, as its dead letter
+//! gives them) or [`Store::forgive`] (a [`StoreKey`]): the key is free again and its crash
+//! count starts again at 0, its generation (the [fence](crate::fence)) kept, so the next
+//! delivery runs the job and takes `crashes` more abandoned claims to poison it again. A
+//! completed record and a live claim are left as they are.
+//!
+//! A **redrive** forgives the key itself. A call of a job inside the
+//! [redrive](crate::dead_letter::redis::RedisDeadLetters::redrive) of a letter of that job and
+//! key whose claim is refused as poisoned forgives the key once, says so at warn level, and
+//! claims it again: redriving the job's `crashed` letter runs the job (and removes the letter
+//! when it succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL
+//! ends.
+//! The redrive is the operator's word that the job is to run again. If the redriven run kills
+//! its process again, the letter stays (the redrive did not succeed), and its lapsed claim
+//! counts as a crash like any other. Outside a redrive, a poisoned key is never forgiven on its
+//! own.
 
 use crate::attempt::{Fenced, FirstAttempt};
 use crate::bounds::{FromJobguard, Replayable};
 use crate::dead_letter::DeadLetterSink;
-use crate::observe::{Event, log_error};
+use crate::observe::{Event, log_error, log_warn};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
 use crate::store::record::{decode, encode_replayable, encode_unreplayable};
@@ -88,15 +109,9 @@ impl<'a> Idempotent<'a> {
     /// Rust path (`my_crate::payments::charge`, the attribute's default) is stored with `.` for
     /// `::`; events and metrics name the job as given.
     pub fn new(scope: &'a str, key: &'a str) -> Self {
-        let name = scope;
-        let scope = if scope.contains("::") {
-            Cow::Owned(scope.replace("::", "."))
-        } else {
-            Cow::Borrowed(scope)
-        };
         Idempotent {
-            name,
-            scope,
+            name: scope,
+            scope: stored_scope(scope),
             key,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
@@ -226,6 +241,8 @@ impl<'a> Idempotent<'a> {
         let mut poll = Duration::from_millis(10);
         // A call that waits for another worker's run says so once, not at every look.
         let mut waiting = false;
+        // A redrive forgives a poisoned key once: a key poisoned again is refused.
+        let mut forgiven = false;
         let generation = loop {
             match store
                 .claim_with(key, &token, options)
@@ -251,6 +268,18 @@ impl<'a> Idempotent<'a> {
                 }
                 Claimed::KeyReused => return Err(E::from(Error::KeyReused)),
                 Claimed::Poisoned { crashes, first } => {
+                    // Inside a redrive of this job's own letter, the operator asked for the
+                    // job to run again: the key is forgiven, and claimed again.
+                    if !forgiven && crate::dead_letter::redriven(self.name, Some(self.key)) {
+                        forgiven = true;
+                        store.forgive(key).await.map_err(E::from)?;
+                        log_warn(format_args!(
+                            "jobguard: job {} with key {} is redriven from its dead letter: its \
+                             poisoned key ({crashes} crashes) is forgiven and the job runs again",
+                            self.name, self.key
+                        ));
+                        continue;
+                    }
                     if first {
                         self.letter_crashed(&runtime, crashes).await;
                     }
@@ -443,6 +472,67 @@ impl<'a> Idempotent<'a> {
         }
         Ok(value)
     }
+}
+
+/// The scope a job named `name` stores its keys under: the name, with `.` for `::`.
+fn stored_scope(name: &str) -> Cow<'_, str> {
+    if name.contains("::") {
+        Cow::Owned(name.replace("::", "."))
+    } else {
+        Cow::Borrowed(name)
+    }
+}
+
+/// Forgives the crashes of the job named `job` under `key` in `store`: a poisoned key becomes
+/// free and the key's crash count starts again at 0, so that the job runs at its next delivery.
+/// `Ok(true)` when there was something to forgive; a completed record and a live claim are
+/// left as they are (`Ok(false)`). See [`Store::forgive`], which this calls, and the
+/// [module docs](self#forgiving-a-key).
+///
+/// `job` is the job's name as its [`DeadLetter`] and its events give it: `#[idempotent]`'s
+/// `scope`, else the function's module path and name (`my_crate::payments::charge`), which is
+/// stored with `.` for `::` as [`Idempotent::new`] stores it. `key` is the key as the
+/// job computed it (the letter's [`key`](crate::DeadLetter::key)). The runtime's store is
+/// `Runtime::current().store()`.
+///
+/// A store that cannot forgive fails with [`Error::Store`] ([`Store::forgive`]'s default); a
+/// store that cannot be reached with [`Error::Store`]; a record it cannot read with
+/// [`Error::Corrupt`].
+///
+/// ```
+/// use jobguard::{ClaimOptions, Claimed, MemoryStore, Store, StoreKey};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), jobguard::Error> {
+/// let store = MemoryStore::new();
+/// // `payments::charge` keeps its keys under the scope `payments.charge`. Its crash limit is
+/// // 1 here: a worker that dies holding `order-A` poisons it.
+/// let key = StoreKey { scope: "payments.charge", key: "order-A" };
+/// let lease = Duration::from_secs(30);
+/// let options = ClaimOptions::new(lease).crashes(1);
+/// store.claim_with(key, "worker-1", options).await?; // its process dies
+/// tokio::time::advance(lease).await;
+/// assert!(matches!(
+///     store.claim_with(key, "worker-2", options).await?,
+///     Claimed::Poisoned { crashes: 1, .. }
+/// ));
+///
+/// // The operator forgives it, by the job's name and key as its dead letter gives them:
+/// assert!(jobguard::idempotency::forgive(&store, "payments::charge", "order-A").await?);
+/// // The next delivery runs the job, under a generation larger than the dead worker's.
+/// assert_eq!(
+///     store.claim_with(key, "worker-3", options).await?,
+///     Claimed::Acquired { generation: 2, crashes: 0 }
+/// );
+/// // Nothing left to forgive while it runs.
+/// assert!(!jobguard::idempotency::forgive(&store, "payments.charge", "order-A").await?);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn forgive<S: Store + ?Sized>(store: &S, job: &str, key: &str) -> Result<bool, Error> {
+    let scope = stored_scope(job);
+    store.forgive(StoreKey { scope: &scope, key }).await
 }
 
 /// `emit` as the observer of one claimed call, with `LeaseLost` raised once: the heartbeat finds

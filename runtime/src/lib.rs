@@ -37,9 +37,10 @@
 //! - `http` (feature `http`): the `Idempotency-Key` layer. May import `idempotency`, `runtime`,
 //!   `store`, `observe`, `error`.
 //! - `apalis` (feature `apalis`): the job runner's layer. May import `attempt`.
-//! - [`idempotency`]: claim, run, store, replay, and the dead letter of a poisoned job. May
-//!   import `retry` (the job's payload, sealed into that letter as the engine seals its own),
-//!   `runtime`, `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
+//! - [`idempotency`]: claim, run, store, replay, the dead letter of a poisoned job, and the
+//!   forgiving of its key (by an operator, or by a redrive of its letter). May import `retry`
+//!   (the job's payload, sealed into that letter as the engine seals its own), `runtime`,
+//!   `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
 //! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
 //!   below except `store`.
 //! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),

@@ -4,6 +4,8 @@
 //! scopes and keys, claims racing for the same keys, `#[idempotent]` deliveries racing), and what
 //! `Store::claim_with` adds (generations that only grow, a release that keeps them, abandoned
 //! claims taken over and counted, a key poisoned at its crash limit and refused for its TTL),
+//! what `Store::forgive` does (a poisoned key freed, its crash count from 0 again, its generation
+//! kept; a completed record and a live claim untouched), `Store::lookup`,
 //! checked the same way on `MemoryStore`, a single `redis-server`, a Redis Cluster and `PgStore`.
 //!
 //! A store is reached through a [`Backend`], which can also say what the server keeps (the
@@ -115,6 +117,9 @@ macro_rules! __conformance_checks {
             a_crash_limit_of_zero_never_poisons,
             a_poisoned_key_is_refused_for_its_ttl,
             a_lookup_reads_only_a_completed_record_and_claims_nothing,
+            forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero,
+            forgive_leaves_a_completed_record_and_a_live_claim_as_they_are,
+            a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_it,
         );
     };
 }
@@ -859,7 +864,7 @@ pub async fn records_of_the_first_layout_are_read(store: &RedisStore) {
 
 /// A Redis value that is not a record (another type, another version, a malformed field, a
 /// claim without an expiry) is `Error::Corrupt` for `claim`, "not held" for the token
-/// operations, and left in place. Redis only: it writes the values with raw commands.
+/// operations, never forgiven, and left in place. Redis only: it writes the values with raw commands.
 pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store: &RedisStore) {
     let raw = async |cmd: &mut redis::Cmd| -> redis::Value {
         cmd.query_async(&mut store.connection())
@@ -934,6 +939,13 @@ pub async fn a_record_that_cannot_be_decoded_is_corrupt_and_never_a_panic(store:
             "{what}"
         );
         store.release(k, "t").await.unwrap();
+        // Nothing is forgiven out of it: refused, or nothing to forgive (a version-1 claim or
+        // completed record, which `forgive` leaves alone unread).
+        let forgiven = store.forgive(k).await;
+        assert!(
+            matches!(forgiven, Ok(false) | Err(Error::Corrupt(_))),
+            "{what}: {forgiven:?}"
+        );
         let exists = raw(redis::cmd("EXISTS").arg(rk(name))).await;
         assert_eq!(
             exists,
@@ -1135,4 +1147,255 @@ pub async fn a_poisoned_key_is_refused_for_its_ttl<B: Backend>(b: &B) {
     // Refused for the whole TTL (1 ms of rounding allowed).
     let refused = free_at - before;
     assert!(refused >= ttl - Duration::from_millis(1), "{refused:?}");
+}
+
+/// Claims `k` with `options` until it is poisoned: each claim acquired is abandoned (its lease
+/// lapses), and taken over and counted by the next. Returns the generations acquired on the
+/// way and the refusal.
+async fn poison<S: Store>(
+    store: &S,
+    k: StoreKey<'_>,
+    options: ClaimOptions<'_>,
+) -> (Vec<u64>, Claimed) {
+    let mut generations = Vec::new();
+    for n in 0..100 {
+        let token = format!("dies-{n}");
+        match claimed_when_free(store, k, &token, options, Duration::from_secs(5)).await {
+            Claimed::Acquired { generation, .. } => generations.push(generation),
+            refused @ Claimed::Poisoned { .. } => return (generations, refused),
+            other => panic!("unexpected claim: {other:?}"),
+        }
+    }
+    panic!("not poisoned after 100 abandoned claims");
+}
+
+/// `forgive` frees a poisoned key: the next claim acquires it with a generation larger than
+/// any before and no crash counted, and it takes the crash limit's number of abandoned claims
+/// again to poison it again. The poisoned key's expiry is kept. A lapsed claim is forgiven with
+/// the crashes (the next claim counts none), a released key's count goes back to 0, and each
+/// `forgive` says whether it cleared anything.
+pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("forgiven");
+    let options = ClaimOptions::new(CRASH_LEASE)
+        .crashes(2)
+        .ttl(Duration::from_secs(3600));
+    let (generations, refused) = poison(&store, k, options).await;
+    assert_eq!(generations, [1, 2]);
+    assert_eq!(
+        refused,
+        Claimed::Poisoned {
+            crashes: 2,
+            first: true
+        }
+    );
+    assert_eq!(store.forgive(k).await, Ok(true), "a poisoned key");
+    if let Some(pttl) = b.pttl(k).await {
+        assert!(pttl > 3_500_000 && pttl <= 3_600_000, "expiry kept: {pttl}");
+    }
+    assert_eq!(store.forgive(k).await, Ok(false), "nothing left to forgive");
+    // Free again, its generation kept: the next claim is numbered after the dead workers'.
+    assert_eq!(store.claim_with(k, "w3", options).await, Ok(acquired(3, 0)));
+    // A live claim is left alone: still in progress, still its holder's.
+    assert_eq!(store.forgive(k).await, Ok(false), "a live claim");
+    assert!(matches!(
+        store.claim_with(k, "other", options).await,
+        Ok(Claimed::InProgress { .. })
+    ));
+    // The count starts again at 0: w3 dies, w4 takes over (one crash) and dies, and only the
+    // claim after that finds the limit of 2 reached again.
+    let got = claimed_when_free(&store, k, "w4", options, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(4, 1));
+    let got = claimed_when_free(&store, k, "w5", options, Duration::from_secs(5)).await;
+    assert_eq!(
+        got,
+        Claimed::Poisoned {
+            crashes: 2,
+            first: true
+        },
+        "poisoned again after the limit's number of crashes, and reported again"
+    );
+    assert_eq!(store.forgive(k).await, Ok(true));
+    // w6 completes: the job ran, and replays from now on.
+    assert_eq!(store.claim_with(k, "w6", options).await, Ok(acquired(5, 0)));
+    store.complete(k, "w6", b"ran", DAY).await.unwrap();
+    assert_eq!(
+        store.claim_with(k, "w7", options).await,
+        Ok(Claimed::Completed(b"ran".to_vec()))
+    );
+
+    // A claim whose lease lapsed: forgiven with the crashes, so its takeover counts none.
+    let l = key("forgiven-lapse");
+    assert_eq!(store.claim_with(l, "w1", options).await, Ok(acquired(1, 0)));
+    let got = claimed_when_free(&store, l, "w2", options, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(2, 1), "w1's lapse, counted");
+    // w2 dies too; before anyone claims the key again, it is forgiven.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.forgive(l).await != Ok(true) {
+        assert!(Instant::now() < deadline, "w2's lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(store.claim_with(l, "w3", options).await, Ok(acquired(3, 0)));
+    // w2 can no longer complete, renew or release what w3 holds.
+    assert_eq!(
+        store.complete(l, "w2", b"late", DAY).await,
+        Err(Error::LeaseLost)
+    );
+    assert_eq!(store.renew(l, "w2", LONG).await, Err(Error::LeaseLost));
+
+    // A released key that has crashes counted: the count goes back to 0, the generation stays.
+    store.release(l, "w3").await.unwrap();
+    let got = claimed_when_free(&store, l, "w4", options, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(4, 0));
+    let got = claimed_when_free(&store, l, "w5", options, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(5, 1), "w4's lapse, counted");
+    store.release(l, "w5").await.unwrap();
+    assert_eq!(
+        store.forgive(l).await,
+        Ok(true),
+        "a released key with a crash"
+    );
+    assert_eq!(store.forgive(l).await, Ok(false), "and without");
+    assert_eq!(store.claim_with(l, "w6", options).await, Ok(acquired(6, 0)));
+}
+
+/// `forgive` leaves a completed record (it replays, its result and expiry unchanged), a live
+/// claim (in progress, renewed, completed and released by its holder only, its crash count
+/// kept) and a key the store does not hold exactly as they are, and says so (`false`).
+pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: Backend>(b: &B) {
+    let store = b.store();
+    let options = ClaimOptions::new(CRASH_LEASE).crashes(3).ttl(DAY);
+
+    // Absent: nothing is written.
+    let absent = key("forgive-absent");
+    assert_eq!(store.forgive(absent).await, Ok(false));
+    if let Some(pttl) = b.pttl(absent).await {
+        assert_eq!(pttl, -2, "no record written");
+    }
+    assert_eq!(store.lookup(absent).await, Ok(None));
+
+    // Completed after a crash: untouched, and it replays.
+    let done = key("forgive-done");
+    assert_eq!(
+        store.claim_with(done, "w1", options).await,
+        Ok(acquired(1, 0))
+    );
+    let got = claimed_when_free(&store, done, "w2", options, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(2, 1));
+    store.complete(done, "w2", b"receipt", DAY).await.unwrap();
+    let before = b.pttl(done).await;
+    assert_eq!(store.forgive(done).await, Ok(false), "a completed record");
+    if let (Some(before), Some(after)) = (before, b.pttl(done).await) {
+        assert!(
+            after <= before && after > before - 5_000,
+            "{before} {after}"
+        );
+    }
+    assert_eq!(store.lookup(done).await, Ok(Some(b"receipt".to_vec())));
+    assert_eq!(
+        store.claim_with(done, "w3", options).await,
+        Ok(Claimed::Completed(b"receipt".to_vec()))
+    );
+    // With a fingerprint, still checked against the record.
+    let fp = key("forgive-done-fp");
+    let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
+    assert_eq!(
+        store.claim_with(fp, "a", with("x")).await,
+        Ok(acquired(1, 0))
+    );
+    store.complete(fp, "a", b"r", DAY).await.unwrap();
+    assert_eq!(store.forgive(fp).await, Ok(false));
+    assert_eq!(
+        store.claim_with(fp, "b", with("y")).await,
+        Ok(Claimed::KeyReused)
+    );
+    assert_eq!(
+        store.claim_with(fp, "b", with("x")).await,
+        Ok(Claimed::Completed(b"r".to_vec()))
+    );
+
+    // A live claim that has a crash counted: untouched, crash count included.
+    let live = key("forgive-live");
+    let long = ClaimOptions::new(LONG).crashes(3).ttl(DAY);
+    assert_eq!(
+        store.claim_with(live, "w1", options).await,
+        Ok(acquired(1, 0))
+    );
+    let got = claimed_when_free(&store, live, "w2", long, Duration::from_secs(5)).await;
+    assert_eq!(got, acquired(2, 1));
+    assert_eq!(store.forgive(live).await, Ok(false), "a live claim");
+    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(live, "w3", long).await else {
+        panic!("still held");
+    };
+    assert!(retry_in > Duration::from_secs(58), "{retry_in:?}");
+    assert_eq!(store.lookup(live).await, Ok(None));
+    store.renew(live, "w2", LONG).await.unwrap();
+    store.release(live, "w2").await.unwrap();
+    assert_eq!(
+        store.claim_with(live, "w3", long).await,
+        Ok(acquired(3, 1)),
+        "the holder's crash count was kept"
+    );
+    store.complete(live, "w3", b"done", DAY).await.unwrap();
+    assert_eq!(
+        store.claim_with(live, "w4", long).await,
+        Ok(Claimed::Completed(b"done".to_vec()))
+    );
+}
+
+/// A `forgive` of a poisoned key racing eight claims of it: the claims before it are refused
+/// as poisoned (not `first`), and of those after it exactly one acquires the key, the others
+/// finding it in progress. Never two holders.
+pub async fn a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_it<B: Backend>(
+    b: &B,
+) {
+    let store = b.store();
+    let k = key("forgive-race");
+    let options = ClaimOptions::new(CRASH_LEASE).crashes(1).ttl(DAY);
+    let (generations, refused) = poison(&store, k, options).await;
+    assert_eq!(generations, [1]);
+    assert!(matches!(refused, Claimed::Poisoned { first: true, .. }));
+    let long = ClaimOptions::new(LONG).crashes(1).ttl(DAY);
+    let barrier = Arc::new(tokio::sync::Barrier::new(9));
+    let mut claims = Vec::new();
+    for n in 0..8 {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        claims.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let k = key("forgive-race");
+            store.claim_with(k, &format!("c{n}"), long).await
+        }));
+    }
+    let forgiver = {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            store.forgive(key("forgive-race")).await
+        })
+    };
+    let mut acquired_by = Vec::new();
+    for (n, claim) in claims.into_iter().enumerate() {
+        match claim.await.expect("claimer") {
+            Ok(Claimed::Acquired {
+                generation,
+                crashes,
+            }) => {
+                assert_eq!((generation, crashes), (2, 0));
+                acquired_by.push(format!("c{n}"));
+            }
+            Ok(Claimed::Poisoned { first: false, .. } | Claimed::InProgress { .. }) => {}
+            other => panic!("c{n}: {other:?}"),
+        }
+    }
+    assert_eq!(forgiver.await.expect("forgiver"), Ok(true));
+    assert!(acquired_by.len() <= 1, "two holders: {acquired_by:?}");
+    // After the race the key is held by the one that acquired it, or free for the next.
+    let after = store.claim_with(k, "late", long).await;
+    match acquired_by.first() {
+        Some(holder) => {
+            assert!(matches!(after, Ok(Claimed::InProgress { .. })), "{after:?}");
+            store.complete(k, holder, b"once", DAY).await.unwrap();
+        }
+        None => assert_eq!(after, Ok(acquired(2, 0))),
+    }
 }

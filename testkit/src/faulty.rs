@@ -52,6 +52,12 @@ impl Store for Faulty {
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         self.inner.release(key, token)
     }
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::Store("connection refused".into())) });
+        }
+        self.inner.forgive(key)
+    }
     fn renew<'a>(
         &'a self,
         key: StoreKey<'a>,

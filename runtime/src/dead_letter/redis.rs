@@ -42,7 +42,9 @@
 //! again (usually from its [`payload`](DeadLetter::payload) and [`key`](DeadLetter::key)), and
 //! removes the letter only when the closure succeeds. A redriven job keeps its idempotency key,
 //! so if two operators redrive one letter at once, or the removal fails after the job ran, the
-//! second run is a replay, not a second charge.
+//! second run is a replay, not a second charge. A poison job's key (a `crashed` letter) is
+//! refused for its TTL; the redrive forgives it once, so the job runs (see
+//! [`idempotency`](crate::idempotency#forgiving-a-key)).
 
 use super::{DeadLetter, DeadLetterSink, SinkFuture};
 use crate::Error;
@@ -300,6 +302,11 @@ impl RedisDeadLetters {
     /// own (and raises no `DeadLetter` event): the redriven letter still stands for it, so each
     /// failed redrive leaves the stream as it was. Other jobs `job` runs write theirs as ever,
     /// and so does the letter's job when `job` spawns it on a task of its own.
+    ///
+    /// The letter's job finding its key poisoned inside `job` (a `crashed` letter: the key is
+    /// refused for its TTL) forgives the key once ([`Store::forgive`](crate::Store::forgive))
+    /// and claims it again, so that the redrive runs it; see
+    /// [`idempotency`](crate::idempotency#forgiving-a-key).
     ///
     /// ```no_run
     /// # async fn demo(letters: jobguard::dead_letter::redis::RedisDeadLetters, id: &str) {

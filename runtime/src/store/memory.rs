@@ -1033,6 +1033,47 @@ impl Shard {
     }
 }
 
+impl Shard {
+    /// Forgives the key's crashes ([`Store::forgive`]): a poisoned key, or a claim whose lease
+    /// lapsed, becomes a released key's history without crashes (its generation and expiry
+    /// kept, and in the released keys' order, so that it goes first when room is short, as a
+    /// released key's does); a released key's count goes back to 0. A completed record, a live
+    /// claim and an expired record are left alone. `true` when a crash or a poisoned key was
+    /// cleared.
+    fn forgive(&mut self, op: &mut Op<'_>) -> bool {
+        let (hash, now) = (op.hash, op.now);
+        let Some(record) = self.table.find_mut(hash, |r| r.is(hash, op.key)) else {
+            return false;
+        };
+        if record.expires <= now {
+            // Expired, history and all: the next claim finds the key free and without crashes.
+            return false;
+        }
+        match record.state {
+            State::Completed => false,
+            State::Claimed if record.at > now => false,
+            State::Free => std::mem::replace(&mut record.crashes, 0) > 0,
+            State::Poisoned | State::Claimed => {
+                let before = record.heap();
+                let stamp = Self::stamp(&mut self.last_stamp, now);
+                record.state = State::Free;
+                record.crashes = 0;
+                record.set_payload(&[]);
+                record.at = stamp;
+                let expires = record.expires;
+                self.heap = self.heap + record.heap() - before;
+                let entry = Entry {
+                    stamp,
+                    hash,
+                    expires,
+                };
+                self.push_entry(op, false, entry);
+                true
+            }
+        }
+    }
+}
+
 /// The keys of the store's SipHash-1-3: the hash `std`'s `RandomState` computes, with keys as
 /// unpredictable as its own, written out so that the scope and the key go through it in one
 /// pass (`std`'s `Hasher::write` pays for each call, and for the bytes left over between calls).
@@ -1462,6 +1503,13 @@ impl Store for MemoryStore {
 
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(std::future::ready(Ok(self.completed(key))))
+    }
+
+    /// One operation under the key's shard lock: a poisoned key or a lapsed claim becomes a
+    /// released key's history without crashes, a released key's count goes back to 0.
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        let forgiven = self.with_shard(key, |shard, op| shard.forgive(op));
+        Box::pin(std::future::ready(Ok(forgiven)))
     }
 
     fn renew<'a>(
@@ -1918,6 +1966,53 @@ mod tests {
             s.claim_counted(K, "d", &options).unwrap(),
             Claimed::Acquired { crashes: 0, .. }
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forgiven_key_is_kept_as_a_released_keys_history() {
+        let s = MemoryStore::new();
+        let ttl = Duration::from_secs(3600);
+        let options = ClaimOptions::new(LEASE).crashes(1).ttl(ttl);
+        poison(&s, &options).await;
+        assert_eq!(entries(&s), (0, 0, 1), "a poisoned key is in no order");
+        assert_eq!(s.forgive(K).await, Ok(true));
+        assert_eq!(
+            entries(&s),
+            (0, 1, 1),
+            "forgiven: a released key's history, first to go when room is short"
+        );
+        assert_eq!(s.forgive(K).await, Ok(false), "nothing left to forgive");
+        assert_eq!(
+            s.claim_counted(K, "c", &options).unwrap(),
+            Claimed::Acquired {
+                generation: 2,
+                crashes: 0
+            }
+        );
+        // A lapsed claim: forgiven, so that its takeover counts no crash.
+        tokio::time::advance(LEASE).await;
+        assert_eq!(s.forgive(K).await, Ok(true));
+        assert_eq!(s.complete(K, "c", b"x", ttl).await, Err(Error::LeaseLost));
+        assert_eq!(
+            s.claim_counted(K, "d", &options).unwrap(),
+            Claimed::Acquired {
+                generation: 3,
+                crashes: 0
+            }
+        );
+        // A key whose history expired: nothing to forgive, and the key is free without it.
+        tokio::time::advance(LEASE).await;
+        assert!(matches!(
+            s.claim_counted(K, "e", &options).unwrap(),
+            Claimed::Poisoned { first: true, .. }
+        ));
+        tokio::time::advance(ttl).await;
+        assert_eq!(s.forgive(K).await, Ok(false));
+        assert!(matches!(
+            s.claim_counted(K, "f", &options).unwrap(),
+            Claimed::Acquired { crashes: 0, .. }
+        ));
+        assert_eq!(s.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -248,6 +248,37 @@ pub trait Store: Send + Sync {
                 .into(),
         ))))
     }
+
+    /// Forgives `key`'s crashes: a poisoned key becomes free, and the key's crash count starts
+    /// again at 0, so that its job runs again and takes [`ClaimOptions::crashes`] more
+    /// abandoned claims to be poisoned again. `true` when there was something to forgive: the
+    /// key was poisoned, had crashes counted, or held a claim whose lease lapsed (which the
+    /// next claim would have counted, and which is forgiven with them).
+    ///
+    /// Left exactly as they are, and `false`: a completed record (it still replays), a live
+    /// claim (its lease has not ended: its worker may be running the job; forgive again once
+    /// it ends, if it crashed), a free key without crashes, and a key the store does not hold.
+    /// The key's generation is kept, so the fence only grows while its history is kept: the
+    /// next claim is numbered one more than the last. (The history of a forgiven key is kept
+    /// as a released key's is, until the TTL of the claim that made it, or that poisoned it; a
+    /// [`MemoryStore`](memory::MemoryStore) short of room drops it first, as it does a released
+    /// key's: see [`claim_with`](Store::claim_with).)
+    ///
+    /// One atomic operation against concurrent claims, for an operator (a job refused by
+    /// mistake, such as one that only ran beside a poison job in a worker process that died)
+    /// and for a redrive of the job's `crashed` dead letter, which forgives the key itself (see
+    /// [`idempotency`](crate::idempotency#forgiving-a-key)).
+    /// [`idempotency::forgive`](crate::idempotency::forgive) takes the job's name and key
+    /// instead of a [`StoreKey`].
+    ///
+    /// The stores of this crate implement it; a store of your own that does not fails with
+    /// [`Error::Store`](crate::Error::Store) saying so.
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(crate::Error::Store(
+            "this store cannot forgive a key's crashes (Store::forgive is not implemented)".into(),
+        ))))
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
@@ -291,6 +322,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
         (**self).lookup(key)
     }
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        (**self).forgive(key)
+    }
 }
 
 impl<S: Store + ?Sized> Store for &S {
@@ -333,6 +367,9 @@ impl<S: Store + ?Sized> Store for &S {
     }
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
         (**self).lookup(key)
+    }
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        (**self).forgive(key)
     }
 }
 

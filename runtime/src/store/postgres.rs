@@ -104,6 +104,10 @@
 //!   while `token` holds a claim whose lease has not ended (compare-and-set on the token).
 //!   Otherwise `complete` and `renew` fail with [`Error::LeaseLost`] and `release` does nothing.
 //!   A release keeps the row, without its token, until the claim's `expires_at`.
+//! * [`forgive`](Store::forgive): one `UPDATE`: a poisoned row, or a claim whose lease lapsed,
+//!   becomes a released row (no token, `poisoned` false) with its generation and a crash count
+//!   of 0, keeping its `expires_at`; a released row's count goes back to 0. A completed row, a
+//!   live claim and an expired row are left alone.
 //! * Expired rows are not deleted by the operations: a claim takes an expired row over. Call
 //!   [`PgStore::purge_expired`] to delete rows past their TTL that hold no claim.
 //! * A database that cannot be reached gives [`Error::Store`] within the pool's acquire timeout
@@ -584,6 +588,20 @@ UPDATE jobguard_keys SET token = NULL, lease_ends_at = NULL
 WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
 "#;
 
+// $1 scope, $2 key. Forgives the key's crashes: a poisoned row, or a claim whose lease lapsed,
+// becomes a released row without crashes (its generation, fingerprint and `expires_at` kept); a
+// released row's count goes back to 0. A completed row, a live claim and an expired row (whose
+// history the next claim drops anyway) are not touched. One row updated when something was
+// cleared. A claim that races it either commits first (and the `WHERE` is checked again on
+// the row it wrote) or waits for this one.
+const FORGIVE: &str = r#"
+UPDATE jobguard_keys
+SET token = NULL, lease_ends_at = NULL, poisoned = false, crashes = 0
+WHERE scope = $1 AND key = $2 AND expires_at > now() AND result IS NULL
+  AND (token IS NULL OR coalesce(lease_ends_at, expires_at) <= now())
+  AND (poisoned OR crashes > 0 OR token IS NOT NULL)
+"#;
+
 // $1 scope, $2 key, $3 token, $4 lease in µs. The row lives at least as long as the lease.
 const RENEW: &str = r#"
 UPDATE jobguard_keys
@@ -680,6 +698,21 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| store_error("lookup failed", &e))?;
             Ok(row.map(|(result,)| result))
+        })
+    }
+
+    /// One `UPDATE` of the row: a poisoned row or a lapsed claim becomes a released row without
+    /// crashes, a released row's count goes back to 0.
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let done = sqlx::query(FORGIVE)
+                .bind(&*scope)
+                .bind(&*stored)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| store_error("forgive failed", &e))?;
+            Ok(done.rows_affected() == 1)
         })
     }
 }

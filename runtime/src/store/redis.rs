@@ -87,6 +87,11 @@
 //! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
 //!   while `token` holds a claim whose lease has not ended. Otherwise `complete` and `renew` fail
 //!   with [`Error::LeaseLost`] and `release` does nothing.
+//! * [`forgive`](Store::forgive): one script, like the others: a poisoned key (`jg2/p`) or a
+//!   claim whose lease ended becomes a released key (`jg2/f`) with its generation and a crash
+//!   count of 0, keeping the key's expiry; a released key's count goes back to 0. A completed
+//!   record, a live claim (a version-1 claim is live while it exists) and an absent key are left
+//!   alone, and a value this build cannot read is [`Error::Corrupt`], left in place.
 //! * Leases are measured on the server's clock, so workers' clocks need not agree.
 //! * A server that cannot be reached gives [`Error::Store`] (so the job does
 //!   not run: fail closed). The connection manager reconnects in the background, so the same
@@ -786,6 +791,55 @@ return {1, string.sub(v, i)}
     ))
 });
 
+// KEYS[1]: the record. Forgives the key's crashes: a poisoned key, or a claim whose lease
+// ended, becomes a released key without crashes (its generation and expiry kept); a released
+// key's count goes back to 0. Returns {1} when it cleared a crash or a poisoned key, {0} when
+// there was nothing to clear (no record, a completed one, a live claim, a released key without
+// crashes, a version-1 claim: live while it exists), {4, why} for a record this build cannot
+// read, which is left in place as `claim` leaves it.
+static FORGIVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FIELD}{}",
+        r#"
+local v = redis.pcall('GET', KEYS[1])
+if not v then return {0} end
+if type(v) ~= 'string' then
+  return {4, 'not a jobguard record: ' .. (type(v) == 'table' and v['err'] or 'missing')}
+end
+local version = string.match(v, '^jg(%d+)/')
+if not version then return {4, 'not a jobguard record'} end
+if version ~= '1' and version ~= '2' then
+  return {4, 'record format version ' .. version .. ' (this build reads 1 and 2)'}
+end
+local state = string.sub(v, 5, 5)
+if version == '1' then
+  if state == 'c' or state == 'd' then return {0} end
+  return {4, 'unknown record state ' .. state .. ' in version 1'}
+end
+local g, c
+if state == 'c' then
+  local token, i = field(v, 6)
+  if not token or token == 'n' then return {4, 'a claim without a token'} end
+  local fp
+  fp, i = field(v, i)
+  if not fp then return {4, 'a malformed fingerprint'} end
+  local e
+  g, c, e = string.match(v, '^(%d+):(%d+):(%d+)$', i)
+  if not g then return {4, 'a malformed claim'} end
+  if tonumber(e) > now_ms() then return {0} end
+elseif state == 'f' or state == 'p' then
+  g, c = string.match(v, '^(%d+):(%d+)$', 6)
+  if not g then return {4, 'a malformed record'} end
+  if state == 'f' and tonumber(c) == 0 then return {0} end
+else
+  return {4, 'unknown record state ' .. state .. ' in version 2'}
+end
+redis.call('SET', KEYS[1], 'jg2/f' .. g .. ':0', 'KEEPTTL')
+return {1}
+"#
+    ))
+});
+
 // ARGV: claim prefix. Keeps the generation and the crash count, with the claim's expiry.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -904,6 +958,32 @@ impl Store for RedisStore {
                 ))),
             }
         })
+    }
+
+    /// One script on the key (on a cluster, on its slot's master): a poisoned key or a lapsed
+    /// claim becomes a released key without crashes, a released key's count goes back to 0.
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let reply: Value = self
+                .invoke(&FORGIVE.key(Self::redis_key(key)))
+                .await
+                .map_err(|e| store_error("forgive failed", &e))?;
+            decode_forgive(reply)
+        })
+    }
+}
+
+/// The forgive script's reply: `{1}` forgiven, `{0}` nothing to forgive, `{4, why}` corrupt.
+fn decode_forgive(reply: Value) -> Result<bool, Error> {
+    let unexpected = |r: &Value| Error::Store(format!("unexpected reply to forgive: {r:?}"));
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
+    match items.as_slice() {
+        [Value::Int(1)] => Ok(true),
+        [Value::Int(0)] => Ok(false),
+        [Value::Int(4), why] => Err(corrupt(why)),
+        _ => Err(unexpected(&reply)),
     }
 }
 
@@ -1075,6 +1155,22 @@ mod tests {
         ));
         assert!(matches!(
             decode_claim(Array(vec![Int(0)])),
+            Err(Error::Store(_))
+        ));
+    }
+
+    #[test]
+    fn forgive_replies_decode() {
+        use Value::*;
+        assert_eq!(decode_forgive(Array(vec![Int(1)])), Ok(true));
+        assert_eq!(decode_forgive(Array(vec![Int(0)])), Ok(false));
+        assert_eq!(
+            decode_forgive(Array(vec![Int(4), BulkString(b"bad".to_vec())])),
+            Err(Error::Corrupt("bad".into()))
+        );
+        assert!(matches!(decode_forgive(Int(1)), Err(Error::Store(_))));
+        assert!(matches!(
+            decode_forgive(Array(vec![Int(2)])),
             Err(Error::Store(_))
         ));
     }
