@@ -378,13 +378,14 @@ async fn a_corrupt_record_is_corrupt_not_a_panic() {
             .await
             .unwrap();
         let work = Work::default();
-        assert!(
-            matches!(
-                rt.scope(fail_fast(&work, "k", 1)).await,
-                Err(Error::Corrupt(_))
+        match rt.scope(fail_fast(&work, "k", 1)).await {
+            // The error names the record's key, so an operator can find it.
+            Err(Error::Corrupt(why)) => assert!(
+                why.contains(&format!("key \"k\" of {:?}", key.scope)),
+                "{why}"
             ),
-            "{garbage:?}"
-        );
+            other => panic!("{garbage:?}: {other:?}"),
+        }
         assert_eq!(work.runs(), 0);
         tokio::time::sleep(Duration::from_secs(5)).await;
     }

@@ -247,7 +247,7 @@ impl<'a> Idempotent<'a> {
             match store
                 .claim_with(key, &token, options)
                 .await
-                .map_err(E::from)?
+                .map_err(|e| E::from(e.at_key(key.scope, key.key)))?
             {
                 Claimed::Acquired { generation, .. } => break generation,
                 Claimed::Completed(bytes) => {
@@ -258,7 +258,7 @@ impl<'a> Idempotent<'a> {
                             crate::attempt::Delivery::settle();
                             return Err(E::from(error));
                         }
-                        Err(error) => return Err(E::from(error)),
+                        Err(error) => return Err(E::from(error.at_key(key.scope, key.key))),
                     };
                     observe(Event::Replayed {
                         scope: self.name,

@@ -876,12 +876,13 @@ impl InTransaction<'_> {
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
+        let at_key = |e: Error| E::from(e.at_key(store_key.scope, store_key.key));
         match claim_in(&mut *conn, &scope, &stored, &token, fingerprint.as_deref())
             .await
-            .map_err(E::from)?
+            .map_err(at_key)?
         {
             Found::Acquired => {}
-            Found::Completed(bytes) => return decode::<T>(&bytes).map_err(E::from),
+            Found::Completed(bytes) => return decode::<T>(&bytes).map_err(at_key),
             Found::Reused => return Err(E::from(Error::KeyReused)),
             Found::Claimed => return Err(E::from(Error::InProgress)),
         }
@@ -999,12 +1000,13 @@ impl Begin<'_> {
         // in one statement outside any transaction, after the failed BEGIN's ROLLBACK (three
         // round trips for a replay); an expired row, or one deleted since, is claimed in a
         // transaction.
+        let at_key = |e: Error| E::from(e.at_key(store_key.scope, store_key.key));
         match read_in(&mut *conn, &scope, &stored, fingerprint).await {
-            Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(E::from),
+            Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(at_key),
             Ok(Seen::Live(Found::Reused)) => return Err(E::from(Error::KeyReused)),
             Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
             Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
-            Err(e) => return Err(E::from(e)),
+            Err(e) => return Err(at_key(e)),
         }
         let mut tx = conn.begin().await.map_err(|e| fail("claim failed", e))?;
         let found = match claim_in(&mut tx, &scope, &stored, &token, fingerprint).await {
@@ -1018,7 +1020,7 @@ impl Begin<'_> {
         };
         // Nothing was written: the rollback only ends the transaction.
         let _ = tx.rollback().await;
-        found.map_err(E::from)
+        found.map_err(at_key)
     }
 }
 
