@@ -354,6 +354,21 @@ async fn the_same_key_with_other_arguments_is_key_reused() {
         Err(Error::KeyReused)
     );
     assert_eq!(work.runs(), 1);
+    // Under a job runner the refusal settles the delivery: delivering the job again would only
+    // be refused again while the key's record stands. A replay and a new key settle nothing.
+    let delivery = jobguard::Delivery {
+        number: 1,
+        last: false,
+    };
+    let (reused, settled) = rt
+        .scope(delivery.scope_settled(fingerprinted(&work, "order-A", 999)))
+        .await;
+    assert_eq!((reused, settled), (Err(Error::KeyReused), true));
+    let (replayed, settled) = rt
+        .scope(delivery.scope_settled(fingerprinted(&work, "order-A", 100)))
+        .await;
+    assert_eq!((replayed, settled), (Ok(100), false));
+    assert_eq!(work.runs(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -151,6 +151,25 @@ async fn fingerprints_store_claims_and_a_connection_outside_a_transaction_gets_i
         Err(JobError::Guard(jobguard::Error::KeyReused))
     ));
     drop(tx);
+    // Under a job runner the refusal settles the delivery, as the guard's does.
+    let mut tx = pool.begin().await.unwrap();
+    let delivery = jobguard::Delivery {
+        number: 1,
+        last: false,
+    };
+    let (reused, settled) = delivery
+        .scope_settled(
+            PgStore::in_transaction(&mut tx, SCOPE, "fp")
+                .fingerprint("b".into())
+                .run(async |_| Ok::<_, JobError>(6)),
+        )
+        .await;
+    assert!(matches!(
+        reused,
+        Err(JobError::Guard(jobguard::Error::KeyReused))
+    ));
+    assert!(settled, "a reused key settles the delivery");
+    drop(tx);
 
     // A live claim of the Store form: in progress.
     let held = StoreKey {

@@ -123,7 +123,11 @@
 //!   letter, as it does outside a runner. When the handler then returns an error, the layer sets
 //!   the task's status to `Killed`, which apalis retries no more: its retry layer stops, and
 //!   apalis-redis puts the task in its dead set instead of re-enqueueing it. So a
-//!   dead-lettered job is not delivered again, whatever the broker's own limit.
+//!   dead-lettered job is not delivered again, whatever the broker's own limit;
+//! * a refusal that no redelivery can change while the key's record stands
+//!   ([`Error::KeyReused`](crate::Error::KeyReused),
+//!   [`Error::Unreplayable`](crate::Error::Unreplayable)) writes no letter, and the layer sets
+//!   the task `Killed` too: apalis keeps it, with its error, and does not deliver it again.
 //!
 //! A handler therefore returns the job's error as it is (the worker above has no handler of its
 //! own). An error that wrote no letter on the last delivery (jobguard's own: the key

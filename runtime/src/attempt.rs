@@ -86,11 +86,13 @@ impl Delivery {
         DELIVERY.scope(self.scoped(), fut)
     }
 
-    /// [`Delivery::scope`], also telling whether a guarded call inside `fut` wrote a dead letter
-    /// during this delivery, or found its job dead-lettered before (a poisoned job, refused with
-    /// [`Error::Poisoned`](crate::Error::Poisoned)): a runner integration then knows the job is
-    /// settled and must not be delivered again, whatever `fut` returned (one job, one dead
-    /// letter).
+    /// [`Delivery::scope`], also telling whether a guarded call inside `fut` settled the job:
+    /// it wrote a dead letter during this delivery, found its job dead-lettered before (a
+    /// poisoned job, refused with [`Error::Poisoned`](crate::Error::Poisoned)), or was refused
+    /// in a way no redelivery can change while the key's record stands (a reused key,
+    /// [`Error::KeyReused`](crate::Error::KeyReused); a result that could not be kept,
+    /// [`Error::Unreplayable`](crate::Error::Unreplayable)). A runner integration then knows
+    /// the job must not be delivered again, whatever `fut` returned (one job, one dead letter).
     ///
     /// An exhausted `#[retry]` on a delivery that is not the [`last`](Delivery::last) writes no
     /// letter; it hands its error back for the runner to deliver the job again.
@@ -138,7 +140,8 @@ impl Delivery {
 
     /// Notes that the job of the delivery in scope, if any, is settled: its one dead letter was
     /// taken by the sink now (a give-up; a letter the sink refused settles nothing) or before (a
-    /// poisoned job's refusal), so it must not be delivered again.
+    /// poisoned job's refusal), or its key refuses it for good (a reused key, an unreplayable
+    /// result), so it must not be delivered again.
     pub(crate) fn settle() {
         let _ = DELIVERY.try_with(|s| s.dead_lettered.set(true));
     }

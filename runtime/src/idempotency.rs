@@ -70,7 +70,7 @@ use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error, log_warn};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
-use crate::store::record::{decode, encode_replayable, encode_unreplayable};
+use crate::store::record::{decode, encode_replayable, encode_unreplayable, settled};
 use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
@@ -253,12 +253,10 @@ impl<'a> Idempotent<'a> {
                 Claimed::Completed(bytes) => {
                     let value = match decode::<T>(&bytes) {
                         Ok(value) => value,
-                        Err(error @ Error::Unreplayable(_)) => {
-                            // The job ran and completed: a runner must not deliver it again.
-                            crate::attempt::Delivery::settle();
-                            return Err(E::from(error));
+                        // An unreplayable result's job ran and completed: settled.
+                        Err(error) => {
+                            return Err(E::from(settled(error).at_key(key.scope, key.key)));
                         }
-                        Err(error) => return Err(E::from(error.at_key(key.scope, key.key))),
                     };
                     observe(Event::Replayed {
                         scope: self.name,
@@ -266,7 +264,8 @@ impl<'a> Idempotent<'a> {
                     });
                     return Ok(value);
                 }
-                Claimed::KeyReused => return Err(E::from(Error::KeyReused)),
+                // No redelivery can change that while the key's record stands: settled.
+                Claimed::KeyReused => return Err(E::from(settled(Error::KeyReused))),
                 Claimed::Poisoned { crashes, first } => {
                     // Inside a redrive of this job's own letter, the operator asked for the
                     // job to run again: the key is forgiven, and claimed again.

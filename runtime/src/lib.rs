@@ -48,7 +48,8 @@
 //! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
 //!   `observe`.
 //! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
-//!   import `observe`, `record`, `classify`, `bounds`, `error`; the Redis sink
+//!   import `observe`, `record`, `classify`, `bounds`, `attempt` (to settle a runner's
+//!   delivery), `error`; the Redis sink
 //!   shares the Redis store's connection settings and its one TLS crypto-provider installer.
 //!   `store::record` holds the stored form of a result and the claim token, which
 //!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share; `store` holds the

@@ -116,7 +116,9 @@
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
-use crate::store::record::{DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, new_token};
+use crate::store::record::{
+    DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, new_token, settled,
+};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Connection, PgConnection, Postgres, Row};
@@ -876,14 +878,14 @@ impl InTransaction<'_> {
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
-        let at_key = |e: Error| E::from(e.at_key(store_key.scope, store_key.key));
+        let at_key = |e: Error| E::from(settled(e).at_key(store_key.scope, store_key.key));
         match claim_in(&mut *conn, &scope, &stored, &token, fingerprint.as_deref())
             .await
             .map_err(at_key)?
         {
             Found::Acquired => {}
             Found::Completed(bytes) => return decode::<T>(&bytes).map_err(at_key),
-            Found::Reused => return Err(E::from(Error::KeyReused)),
+            Found::Reused => return Err(at_key(Error::KeyReused)),
             Found::Claimed => return Err(E::from(Error::InProgress)),
         }
         let failed = match work(&mut *conn).await {
@@ -1000,10 +1002,10 @@ impl Begin<'_> {
         // in one statement outside any transaction, after the failed BEGIN's ROLLBACK (three
         // round trips for a replay); an expired row, or one deleted since, is claimed in a
         // transaction.
-        let at_key = |e: Error| E::from(e.at_key(store_key.scope, store_key.key));
+        let at_key = |e: Error| E::from(settled(e).at_key(store_key.scope, store_key.key));
         match read_in(&mut *conn, &scope, &stored, fingerprint).await {
             Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(at_key),
-            Ok(Seen::Live(Found::Reused)) => return Err(E::from(Error::KeyReused)),
+            Ok(Seen::Live(Found::Reused)) => return Err(at_key(Error::KeyReused)),
             Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
             Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
             Err(e) => return Err(at_key(e)),

@@ -120,6 +120,17 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     Ok(record.ok)
 }
 
+/// `error`, after settling the runner's delivery in scope (see
+/// [`Delivery::scope_settled`](crate::Delivery::scope_settled)) when it is a refusal no
+/// redelivery can change while the key's record stands: a reused key, or a replay of a result
+/// that could not be kept. How the guard and `PgStore`'s transactional form return them.
+pub(crate) fn settled(error: Error) -> Error {
+    if matches!(error, Error::KeyReused | Error::Unreplayable(_)) {
+        crate::attempt::Delivery::settle();
+    }
+    error
+}
+
 /// A fresh claim token: 128 random bits.
 pub(crate) fn new_token() -> String {
     use rand::Rng;
