@@ -443,9 +443,12 @@ async fn refund(order_id: &str, amount: u64) -> Result<u64, GatewayError> {
     Err(GatewayError::Timeout(order_id.to_owned()))
 }
 
-/// The `jobguard` events on this thread: level, message and fields.
+/// One captured event: level, message and fields.
+type Captured = (tracing::Level, String, Vec<(String, String)>);
+
+/// The `jobguard` events on this thread.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<(tracing::Level, String, Vec<(String, String)>)>>>);
+struct Capture(Arc<Mutex<Vec<Captured>>>);
 
 struct Fields<'a>(&'a mut Vec<(String, String)>);
 

@@ -122,7 +122,8 @@ pub fn from_log(line: &str) -> Result<DeadLetter, Error> {
     // The first `the letter: ` whose remainder is a whole record: the marker may also occur in
     // an error message before it (or inside it), where the remainder is not one JSON value.
     for (at, _) in line.match_indices(IN_LOG) {
-        match decode(line[at + IN_LOG.len()..].as_bytes()) {
+        let rest = line.as_bytes().get(at + IN_LOG.len()..).unwrap_or_default();
+        match decode(rest) {
             Ok(letter) => return Ok(letter),
             Err(e) => {
                 why.get_or_insert(e);
