@@ -25,7 +25,7 @@
 //! jobguard: job payments::charge gave up (exhausted) but its dead letter was lost: store unavailable: ...; the letter: {"v":1,"job":"payments::charge",...}
 //! ```
 //!
-//! and raise [`Event::DeadLetterLost`](crate::Event::DeadLetterLost) for it, counted in
+//! and raise [`Event::DeadLetterLost`] for it, counted in
 //! `jobguard_dead_letters_lost_total{job}` with the `metrics` feature. To put such a letter back
 //! once the sink works again, read it with [`from_log`] and send it, or `XADD` the record as it
 //! is (see the README's "Dead letters and redrive").
@@ -143,7 +143,7 @@ pub type SinkFuture<'a> = Pin<Box<dyn Future<Output = Result<(), crate::Error>> 
 /// Where give-ups go. Implemented by [`MemoryDeadLetters`], [`LogDeadLetters`], and your own.
 ///
 /// A sink that fails returns the error; the loop logs the letter whole (see
-/// [Lost letters](self#lost-letters)), raises [`Event::DeadLetterLost`](crate::Event::DeadLetterLost),
+/// [Lost letters](self#lost-letters)), raises [`Event::DeadLetterLost`],
 /// and still returns the job's own error to the caller, so a broken sink never masks the job's
 /// failure.
 pub trait DeadLetterSink: Send + Sync {
