@@ -489,3 +489,56 @@ fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
         encode(letter)
     ));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn letter() -> DeadLetter {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        DeadLetter::new(
+            "payments::charge",
+            Some("idem-2".into()),
+            GiveUp::Exhausted,
+            5,
+            "the letter: {\"v\":1} é",
+            t,
+            t,
+        )
+        .with_payload(Some(serde_json::json!(["order-B", 100])))
+    }
+
+    #[test]
+    fn from_log_reads_the_record_that_ends_the_line_whatever_precedes_it() {
+        let record = encode(&letter());
+        let lines = [
+            format!(
+                "jobguard: job x gave up (exhausted) but its dead letter was lost: e; {IN_LOG}{record}"
+            ),
+            // The marker in the sink's error before the record, and in the letter's own error.
+            format!("lost: {IN_LOG}{{\"v\":1,\"oops\"; {IN_LOG}{record}\n"),
+            format!("2026-01-01T00:00:00Z ERROR jobguard: {IN_LOG}{record}  "),
+        ];
+        for line in lines {
+            assert_eq!(from_log(&line), Ok(letter()), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_line_without_a_readable_record_is_corrupt_never_a_panic() {
+        let record = encode(&letter());
+        let v2 = record.replacen(r#""v":1"#, r#""v":2"#, 1);
+        for line in [
+            String::new(),
+            "no marker here".to_owned(),
+            format!("{IN_LOG}"),
+            format!("{IN_LOG}{}", &record[..record.len() - 1]),
+            format!("{IN_LOG}{v2}"),
+            format!("{IN_LOG}{record} and more"),
+            format!("é{IN_LOG}é"),
+        ] {
+            assert!(matches!(from_log(&line), Err(Error::Corrupt(_))), "{line}");
+        }
+    }
+}
