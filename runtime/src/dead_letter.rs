@@ -2,15 +2,15 @@
 //!
 //! | sink | keeps letters | notes |
 //! |---|---|---|
-//! | [`LogDeadLetters`] | in memory, bounded | the default: logs each letter at error level (`tracing` with that feature, else stderr) |
+//! | [`LogDeadLetters`] | in memory, bounded | the default: logs each letter whole, as its record, at error level (`tracing` with that feature, else stderr) |
 //! | [`MemoryDeadLetters`] | in memory, bounded | drops the oldest at capacity, counts and reports the drop |
 //! | [`from_fn`] | wherever the closure puts them | a queue, a table, a channel |
 //! | [`redis::RedisDeadLetters`] (feature `redis`) | a Redis Stream | outlives the process; `list`, `get`, `remove`, `redrive` |
 //!
 //! # Records
 //!
-//! A letter written anywhere outside the process (a Redis stream entry, a lost letter's log
-//! line, a letter dropped at capacity) is a *record*: the [`DeadLetter`] as a JSON object with
+//! A letter written anywhere outside the process (a Redis stream entry, the log line of a lost
+//! letter, of a letter dropped at capacity, or of [`LogDeadLetters`]) is a *record*: the [`DeadLetter`] as a JSON object with
 //! one more member, `"v"`, the format version ([`FORMAT_VERSION`]). [`encode`] writes one,
 //! [`decode`] reads one back (as [`RedisDeadLetters::list`](redis::RedisDeadLetters::list) and
 //! `get` do), and [`from_log`] finds one at the end of a log line.
@@ -25,8 +25,9 @@
 //! jobguard: job payments::charge gave up (exhausted) but its dead letter was lost: store unavailable: ...; the letter: {"v":1,"job":"payments::charge",...}
 //! ```
 //!
-//! and raise [`Event::DeadLetterLost`] for it, counted in
-//! `jobguard_dead_letters_lost_total{job}` with the `metrics` feature. To put such a letter back
+//! and raise [`Event::DeadLetterLost`] for it (when someone watches the call: an observer, the
+//! `metrics` recorder, a `tracing` subscriber), counted in `jobguard_dead_letters_lost_total{job}`
+//! with the `metrics` feature. To put such a letter back
 //! once the sink works again, read it with [`from_log`] and send it, or `XADD` the record as it
 //! is (see the README's "Dead letters and redrive").
 //!
