@@ -533,7 +533,7 @@ mod tests {
         for line in [
             String::new(),
             "no marker here".to_owned(),
-            format!("{IN_LOG}"),
+            IN_LOG.to_owned(),
             format!("{IN_LOG}{}", &record[..record.len() - 1]),
             format!("{IN_LOG}{v2}"),
             format!("{IN_LOG}{record} and more"),
