@@ -118,6 +118,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let letters = RedisDeadLetters::connect(url, STREAM).await?;
     println!();
     for (id, letter) in letters.list().await? {
+        let letter = match letter {
+            Ok(letter) => letter,
+            // Not a letter: say so with its id and why, and go on to the others.
+            Err(corrupt) => {
+                println!("in {STREAM}: {id} is not a letter: {corrupt}");
+                continue;
+            }
+        };
         println!(
             "in {STREAM}: {id} job={} key={} reason={} attempts={} payload={}",
             letter.job,
@@ -379,7 +387,14 @@ impl Service {
     ) -> Result<Vec<(String, bool)>, jobguard::Error> {
         self.gateway.recover();
         let mut redriven = Vec::new();
-        for (id, _) in letters.list().await? {
+        for (id, letter) in letters.list().await? {
+            // An entry that is not a letter is reported and left for an operator to remove by
+            // its id; the letters after it are redriven all the same.
+            if let Err(corrupt) = letter {
+                println!("  {id} is not a letter, it stays: {corrupt}");
+                redriven.push((id, false));
+                continue;
+            }
             let gateway = &*self.gateway;
             let outcome = self
                 .runtime

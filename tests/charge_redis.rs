@@ -27,7 +27,7 @@ async fn order_b_is_left_in_the_stream_and_the_redrive_charges_it_once() {
 
     let left = letters.list().await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
-    let (_, letter) = &left[0];
+    let letter = left[0].1.as_ref().unwrap();
     assert_eq!(letter.key.as_deref(), Some("idem-2"));
     assert_eq!(letter.reason, jobguard::GiveUp::Exhausted);
     assert_eq!(letter.attempts, 5);

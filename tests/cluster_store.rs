@@ -149,6 +149,7 @@ async fn dead_letters_live_in_one_stream_on_the_master_of_its_slot() {
     assert_eq!(listed.len(), 5);
     for (n, ((id, got), added)) in listed.iter().zip(&ids).enumerate() {
         assert_eq!(id, added);
+        let got = got.as_ref().unwrap();
         assert_eq!(got.error, format!("e{n}"));
         assert_eq!(got.key, Some(format!("idem-{n}")));
     }

@@ -1,6 +1,7 @@
 //! The log sink, `LogDeadLetters`, the embedded default: each letter is an error-level `tracing`
 //! event with its fields when a subscriber is set, a line on stderr when none is, and is kept in
-//! a bounded list.
+//! a bounded list. Either way the log carries the letter whole, as the record a Redis stream
+//! keeps, so the log alone is enough to put it back.
 
 use jobguard::{DeadLetter, DeadLetterSink, GiveUp, LogDeadLetters, Runtime};
 use jobguard_testkit::redis::rerun_test;
@@ -105,6 +106,13 @@ async fn each_letter_is_an_error_event_with_its_fields_and_is_kept() {
     let kept = sink.kept().letters();
     assert_eq!(kept.len(), 1);
     assert_eq!(kept[0].key.as_deref(), Some("order-B"));
+    // The `letter` field is the letter whole, as the record a Redis stream keeps.
+    let record = field("letter").expect("the letter's record");
+    assert_eq!(record, jobguard::dead_letter::encode(&kept[0]));
+    assert_eq!(
+        jobguard::dead_letter::decode(record.as_bytes()).as_ref(),
+        Ok(&kept[0])
+    );
 }
 
 #[tokio::test]
@@ -147,4 +155,15 @@ fn without_a_subscriber_the_default_sink_writes_to_stderr() {
         ),
         "{stderr}"
     );
+    // The line ends with the letter whole, as its record.
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("jobguard: dead letter: "))
+        .expect("the line");
+    assert!(line.contains("; the letter: {\"v\":1,"), "{line}");
+    let letter = jobguard::dead_letter::from_log(line).expect("the record reads back");
+    assert_eq!(letter.job, "tests.charge");
+    assert_eq!(letter.key.as_deref(), Some("order-B"));
+    assert_eq!((letter.reason, letter.attempts), (GiveUp::Exhausted, 2));
+    assert_eq!(letter.history, ["gateway timeout on order-B"; 2]);
 }

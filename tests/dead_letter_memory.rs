@@ -1,5 +1,6 @@
 //! `MemoryDeadLetters`: bounded, dropping the oldest letter at capacity, and never silently: a
-//! drop is counted and reported at error level. `Clone` shares one list; `drain` empties it.
+//! drop is counted and reported at error level with the dropped letter whole, as the record a
+//! Redis stream keeps. `Clone` shares one list; `drain` empties it.
 
 use jobguard::{DeadLetter, DeadLetterSink, GiveUp, MemoryDeadLetters, Runtime};
 use std::collections::BTreeMap;
@@ -88,11 +89,12 @@ async fn at_capacity_the_oldest_letter_is_dropped_and_counted() {
 async fn every_drop_is_reported_at_error_level_naming_the_lost_letter() {
     let (events, _guard) = Capture::install();
     let letters = MemoryDeadLetters::with_capacity(2);
-    letters.send(letter(1)).await.unwrap();
-    letters.send(letter(2)).await.unwrap();
+    let sent: Vec<DeadLetter> = (1..=4).map(letter).collect();
+    letters.send(sent[0].clone()).await.unwrap();
+    letters.send(sent[1].clone()).await.unwrap();
     assert!(events.errors().is_empty(), "no report below capacity");
-    letters.send(letter(3)).await.unwrap();
-    letters.send(letter(4)).await.unwrap();
+    letters.send(sent[2].clone()).await.unwrap();
+    letters.send(sent[3].clone()).await.unwrap();
 
     let errors = events.errors();
     assert_eq!(errors.len(), 2, "{errors:#?}");
@@ -113,6 +115,12 @@ async fn every_drop_is_reported_at_error_level_naming_the_lost_letter() {
     );
     assert!(errors[1].0.contains("key key-2"), "{}", errors[1].0);
     assert!(errors[1].0.contains("2 dropped so far"), "{}", errors[1].0);
+    // The dropped letter itself ends the line, as its record: it can be read back and put back.
+    for ((line, _), dropped) in errors.iter().zip(&sent) {
+        let record = jobguard::dead_letter::encode(dropped);
+        assert!(line.ends_with(&format!("; the letter: {record}")), "{line}");
+        assert_eq!(jobguard::dead_letter::from_log(line).as_ref(), Ok(dropped));
+    }
 }
 
 #[tokio::test]

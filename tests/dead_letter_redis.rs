@@ -1,19 +1,25 @@
 //! `RedisDeadLetters` against a private `redis-server` per test: letters from jobs listed, read
 //! by id, counted and removed; redrive removes a letter only when the job succeeds, and a
 //! `crashed` letter's redrive forgives the job's poisoned key (in a `RedisStore` on the same
-//! server) and runs it; the stream is trimmed near its bound; a corrupt entry is
-//! `Error::Corrupt` naming it; a lost server is `Error::Store`.
+//! server) and runs it; the stream is trimmed near its bound; a corrupt entry is listed in its
+//! place as `Error::Corrupt` naming it (the letters around it are listed and redriven all the
+//! same) and can be removed; a lost server is `Error::Store`, and a letter it could not take is
+//! logged as a record that reads back and goes back in.
 //!
 //! These run on the real clock: the connection's timeouts are real I/O, which tokio's paused
 //! clock would fire early. The jobs retry after 1 ms.
 
 use jobguard::dead_letter::redis::{RedisDeadLetters, RedriveError};
 use jobguard::store::redis::RedisStore;
-use jobguard::{ClaimOptions, DeadLetter, DeadLetterSink, Error, GiveUp, Runtime, Store, StoreKey};
+use jobguard::{
+    ClaimOptions, DeadLetter, DeadLetterSink, Error, Event, GiveUp, Runtime, Store, StoreKey,
+};
 use jobguard_testkit::redis::RedisServer;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 const STREAM: &str = "jobguard:dead_letters";
 
@@ -60,6 +66,20 @@ async fn charge_with_payload(order_id: &str, amount: u64) -> Result<u64, Gateway
     Ok(amount)
 }
 
+/// `list`, every entry read as a letter: the tests that write no corrupt entry.
+async fn letters_of(letters: &RedisDeadLetters) -> Vec<(String, DeadLetter)> {
+    letters
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, letter)| {
+            let letter = letter.unwrap_or_else(|e| panic!("{id}: {e}"));
+            (id, letter)
+        })
+        .collect()
+}
+
 async fn connect(server: &RedisServer) -> RedisDeadLetters {
     RedisDeadLetters::connect(&server.url(), STREAM)
         .await
@@ -92,7 +112,7 @@ async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
     }
 
     assert_eq!(letters.len().await.unwrap(), 2);
-    let listed = letters.list().await.unwrap();
+    let listed = letters_of(&letters).await;
     let keys: Vec<_> = listed
         .iter()
         .map(|(_, l)| l.key.as_deref().unwrap())
@@ -111,7 +131,7 @@ async fn letters_from_jobs_are_listed_in_order_and_read_back_by_id() {
     // Another connection (another worker, or the process after a restart) sees the same letters.
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let again = RedisDeadLetters::new(store.connection(), STREAM);
-    assert_eq!(again.list().await.unwrap(), listed);
+    assert_eq!(letters_of(&again).await, listed);
 }
 
 #[tokio::test]
@@ -124,7 +144,7 @@ async fn remove_deletes_one_entry() {
     let b = letters.add(&letter(2)).await.unwrap();
     assert!(letters.remove(&a).await.unwrap());
     assert!(!letters.remove(&a).await.unwrap(), "already gone");
-    let left = letters.list().await.unwrap();
+    let left = letters_of(&letters).await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].0, b);
     assert_eq!(left[0].1.error, "e2");
@@ -143,7 +163,7 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
             .await
             .is_err()
     );
-    let (id, letter) = letters.list().await.unwrap().pop().unwrap();
+    let (id, letter) = letters_of(&letters).await.pop().unwrap();
     assert_eq!(letter.payload, Some(serde_json::json!(["order-B", 100])));
 
     // The redriven job fails: the letter stays.
@@ -176,7 +196,7 @@ async fn redrive_removes_the_letter_only_when_the_job_succeeds() {
         .await;
     assert!(matches!(other, Err(RedriveError::Job(_))), "{other:?}");
     assert_eq!(letters.len().await.unwrap(), 2, "the other job's letter");
-    let (other_id, other_letter) = letters.list().await.unwrap().pop().unwrap();
+    let (other_id, other_letter) = letters_of(&letters).await.pop().unwrap();
     assert_eq!(other_letter.key.as_deref(), Some("order-other"));
     assert!(letters.remove(&other_id).await.unwrap());
 
@@ -273,6 +293,7 @@ async fn redriving_a_crashed_letter_forgives_the_key_runs_the_job_and_removes_th
     let listed = letters.list().await.unwrap();
     assert_eq!(listed.len(), 2, "{listed:?}");
     let (id, letter) = listed[0].clone();
+    let letter = letter.expect("a letter the stream holds whole");
     assert_eq!(letter.reason, GiveUp::Crashed);
     assert_eq!(letter.job, "tests.redis_crashed");
     assert_eq!(letter.key.as_deref(), Some("order-C"));
@@ -312,7 +333,10 @@ async fn redriving_a_crashed_letter_forgives_the_key_runs_the_job_and_removes_th
     );
     let left = letters.list().await.unwrap();
     assert_eq!(left.len(), 1, "{left:?}");
-    assert_eq!(left[0].1.key.as_deref(), Some("order-D"));
+    assert_eq!(
+        left[0].1.as_ref().map(|l| l.key.as_deref()),
+        Ok(Some("order-D"))
+    );
     // A redelivery now replays the result; order-D is still refused.
     assert_eq!(runtime.scope(fragile("order-C", 7)).await, Ok(7));
     assert_eq!(
@@ -334,7 +358,7 @@ async fn the_stream_is_trimmed_to_about_its_bound_keeping_the_newest() {
     // `MAXLEN ~` trims whole stream nodes (100 entries by default), never below the bound.
     let len = letters.len().await.unwrap();
     assert!((50..150).contains(&len), "{len} letters kept");
-    let listed = letters.list().await.unwrap();
+    let listed = letters_of(&letters).await;
     assert_eq!(listed.len(), len);
     assert_eq!(listed.last().unwrap().1.error, "e999");
     let errors: Vec<u32> = listed
@@ -354,10 +378,21 @@ async fn list_pages_through_a_long_stream() {
     for n in 0..1_234 {
         letters.send(letter(n)).await.unwrap();
     }
-    let listed = letters.list().await.unwrap();
+    let listed = letters_of(&letters).await;
     let errors: Vec<String> = listed.into_iter().map(|(_, l)| l.error).collect();
     let expected: Vec<String> = (0..1_234).map(|n| format!("e{n}")).collect();
     assert_eq!(errors, expected);
+}
+
+/// Appends an entry with `fields` as they are, bypassing the sink's encoder.
+async fn xadd(store: &RedisStore, fields: &[&str]) -> String {
+    redis::cmd("XADD")
+        .arg(STREAM)
+        .arg("*")
+        .arg(fields)
+        .query_async(&mut store.connection())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -369,47 +404,110 @@ async fn a_corrupt_entry_is_an_error_naming_it_never_a_panic() {
     let letters = RedisDeadLetters::new(store.connection(), STREAM);
     let good = letters.add(&letter(1)).await.unwrap();
     let v2 = jobguard::dead_letter::redis::encode(&letter(2)).replacen(r#""v":1"#, r#""v":2"#, 1);
-    let bad_entries: [&[&str]; 5] = [
-        &["letter", "not json"],
-        &["other", "field"],
-        &["letter", &v2],
-        &["letter", r#"{"v":1,"job":7}"#],
-        &["letter", r#"{"job":"no version"}"#],
+    let bad_entries: [(&[&str], &str); 5] = [
+        (&["letter", "not json"], "not a JSON record"),
+        (&["other", "field"], "no `letter` field"),
+        (&["letter", &v2], "record format version 2"),
+        (&["letter", r#"{"v":1,"job":7}"#], "not a dead letter"),
+        (
+            &["letter", r#"{"job":"no version"}"#],
+            "without a format version",
+        ),
     ];
-    for fields in bad_entries {
-        let id: String = redis::cmd("XADD")
-            .arg(STREAM)
-            .arg("*")
-            .arg(fields)
-            .query_async(&mut store.connection())
-            .await
-            .unwrap();
+    for (fields, why) in bad_entries {
+        let id = xadd(&store, fields).await;
+        let names_it = |e: &Error| {
+            matches!(e, Error::Corrupt(msg)
+                if msg.contains(&id) && msg.contains(STREAM) && msg.contains(why))
+        };
         let got = letters.get(&id).await;
+        assert!(matches!(&got, Err(e) if names_it(e)), "{fields:?}: {got:?}");
+        // Listed in its place, after the good letter, as the error: not hidden, not fatal.
+        let listed = letters.list().await.unwrap();
+        assert_eq!(listed.len(), 2, "{fields:?}: {listed:?}");
+        assert_eq!(listed[0].0, good);
+        assert_eq!(listed[0].1.as_ref().unwrap().error, "e1");
+        assert_eq!(listed[1].0, id);
         assert!(
-            matches!(&got, Err(Error::Corrupt(msg)) if msg.contains(&id)),
-            "{fields:?}: {got:?}"
-        );
-        let listed = letters.list().await;
-        assert!(
-            matches!(&listed, Err(Error::Corrupt(msg)) if msg.contains(&id)),
+            matches!(&listed[1].1, Err(e) if names_it(e)),
             "{fields:?}: {listed:?}"
         );
+        assert_eq!(letters.len().await.unwrap(), 2, "len counts it");
         // The redrive of a corrupt entry neither runs the job nor removes the entry.
+        let ran = AtomicBool::new(false);
         let redriven = letters
-            .redrive(&id, |_| async { Ok::<(), Error>(()) })
+            .redrive(&id, |_| async {
+                ran.store(true, Ordering::SeqCst);
+                Ok::<(), Error>(())
+            })
             .await;
-        assert!(matches!(
-            redriven,
-            Err(RedriveError::Store(Error::Corrupt(_)))
-        ));
+        assert!(
+            matches!(&redriven, Err(RedriveError::Store(e)) if names_it(e)),
+            "{fields:?}: {redriven:?}"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "the job did not run");
+        assert_eq!(letters.len().await.unwrap(), 2, "still there");
         assert!(
             letters.remove(&id).await.unwrap(),
             "a corrupt entry can be removed"
         );
     }
-    let listed = letters.list().await.unwrap();
+    let listed = letters_of(&letters).await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].0, good);
+}
+
+/// An operator's redrive loop over a stream with corrupt entries among its letters: every
+/// letter is redriven and removed, every corrupt entry is reported with its id and reason,
+/// and nothing is skipped in silence.
+#[tokio::test]
+async fn a_redrive_loop_reaches_every_letter_past_corrupt_entries() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let letters = RedisDeadLetters::new(store.connection(), STREAM);
+    let mut good = Vec::new();
+    let mut corrupt = Vec::new();
+    // Corrupt entries first, between and last, across more than one `XRANGE` page (500).
+    for n in 0..1_200 {
+        if n % 300 == 0 || n == 1_199 {
+            corrupt.push(xadd(&store, &["letter", "{truncated"]).await);
+        } else {
+            good.push(letters.add(&letter(n)).await.unwrap());
+        }
+    }
+
+    let (mut redriven, mut reported) = (Vec::new(), Vec::new());
+    for (id, letter) in letters.list().await.unwrap() {
+        if let Err(why) = letter {
+            reported.push((id, why));
+            continue;
+        }
+        let ran = letters
+            .redrive(&id, |letter| async move {
+                assert!(letter.error.starts_with('e'));
+                Ok::<(), Error>(())
+            })
+            .await;
+        assert!(matches!(ran, Ok(true)), "{id}: {ran:?}");
+        redriven.push(id);
+    }
+    assert_eq!(redriven, good, "every letter, in order");
+    let reported_ids: Vec<_> = reported.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(reported_ids, corrupt, "every corrupt entry, by id");
+    for (id, why) in &reported {
+        assert!(
+            matches!(why, Error::Corrupt(msg) if msg.contains(id.as_str()) && msg.contains(STREAM)),
+            "{id}: {why}"
+        );
+    }
+    // What is left is exactly the corrupt entries, and they go by id.
+    assert_eq!(letters.len().await.unwrap(), corrupt.len());
+    for id in &corrupt {
+        assert!(letters.remove(id).await.unwrap());
+    }
+    assert!(letters.is_empty().await.unwrap());
 }
 
 #[tokio::test]
@@ -449,5 +547,170 @@ async fn a_lost_server_is_a_store_error_and_the_job_still_returns_its_own() {
     assert!(
         matches!(&result, Err(GatewayError::Timeout(order)) if order == "order-D"),
         "{result:?}"
+    );
+}
+
+/// Declines while the gateway is "down" with its payload, for a letter worth putting back.
+#[jobguard::retry(attempts = 1, payload = (order_id, amount))]
+async fn refund(order_id: &str, amount: u64) -> Result<u64, GatewayError> {
+    let _ = amount;
+    Err(GatewayError::Timeout(order_id.to_owned()))
+}
+
+/// One captured event: level, message and fields.
+type Captured = (tracing::Level, String, Vec<(String, String)>);
+
+/// The `jobguard` events on this thread.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<Captured>>>);
+
+struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() != "jobguard" {
+            return;
+        }
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        let message = fields
+            .iter()
+            .position(|(name, _)| name == "message")
+            .map(|at| fields.remove(at).1)
+            .unwrap_or_default();
+        let level = *event.metadata().level();
+        self.0.lock().unwrap().push((level, message, fields));
+    }
+}
+
+/// A letter the sink could not take (its server is down) is raised once as `DeadLetterLost`,
+/// and logged as the record the stream keeps: the logged record reads back with the decoder
+/// `list` and `get` use, and goes back into the stream as it is, or through `from_log`.
+#[tokio::test]
+async fn a_letter_the_server_refused_is_raised_once_and_logged_as_the_stream_record() {
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let letters = connect(&server).await;
+    server.stop();
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let seen = lost.clone();
+    let runtime = Runtime::builder()
+        .dead_letters(letters.clone())
+        .observer(move |event: &Event<'_>| {
+            if let Event::DeadLetterLost { letter, error } = event {
+                seen.lock()
+                    .unwrap()
+                    .push(((*letter).clone(), error.to_string()));
+            }
+        })
+        .build();
+    let result = runtime.scope(refund("order-L", 250)).await;
+    assert!(
+        matches!(&result, Err(GatewayError::Timeout(order)) if order == "order-L"),
+        "the job's own error: {result:?}"
+    );
+
+    let lost = lost.lock().unwrap().clone();
+    assert_eq!(lost.len(), 1, "raised once: {lost:?}");
+    let (letter, sink_error) = &lost[0];
+    assert_eq!(letter.job, concat!(module_path!(), "::refund"));
+    assert_eq!(letter.payload, Some(serde_json::json!(["order-L", 250])));
+    assert!(sink_error.contains("XADD"), "{sink_error}");
+
+    let events = capture.0.lock().unwrap().clone();
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|(level, message, _)| {
+            *level == tracing::Level::ERROR && message.contains("dead letter was lost")
+        })
+        .collect();
+    assert_eq!(errors.len(), 1, "one log line: {events:#?}");
+    let line = &errors[0].1;
+    // The record is the end of the line, exactly as `add` writes it, `"v"` included.
+    let (_, record) = line.split_once("; the letter: ").expect("the record");
+    assert_eq!(record, jobguard::dead_letter::redis::encode(letter));
+    assert!(record.starts_with(r#"{"v":1,"#), "{record}");
+    assert_eq!(
+        jobguard::dead_letter::redis::decode(record.as_bytes()).as_ref(),
+        Ok(letter)
+    );
+    assert_eq!(jobguard::dead_letter::from_log(line).as_ref(), Ok(letter));
+    let warned: Vec<_> = events
+        .iter()
+        .filter(|(_, message, _)| message == "dead letter lost")
+        .collect();
+    assert_eq!(warned.len(), 1, "{events:#?}");
+    assert_eq!(warned[0].0, tracing::Level::WARN);
+    assert!(
+        warned[0]
+            .2
+            .contains(&("job".to_owned(), letter.job.clone())),
+        "{warned:?}"
+    );
+
+    // The server is back: the logged record goes into the stream as it is (what
+    // `redis-cli -x XADD <stream> '*' letter < record` does, its newline included), and
+    // through `from_log` and `add`; `get` and `list` read both as the letter.
+    server.restart();
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let letters = RedisDeadLetters::new(store.connection(), STREAM);
+    let raw = xadd(&store, &["letter", &format!("{record}\n")]).await;
+    let added = letters
+        .add(&jobguard::dead_letter::from_log(line).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(letters.get(&raw).await.unwrap().as_ref(), Some(letter));
+    assert_eq!(letters.get(&added).await.unwrap().as_ref(), Some(letter));
+    assert_eq!(
+        letters_of(&letters).await,
+        [(raw, letter.clone()), (added, letter.clone())]
+    );
+
+    // The README's shell lines, as written, on a log holding the line.
+    let has_cli = std::process::Command::new("sh")
+        .args(["-c", "command -v redis-cli"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cli {
+        eprintln!("skipping the redis-cli part: no redis-cli on PATH");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("jobguard-lost-letter-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("worker.log"),
+        format!("2026-01-01T00:00:00Z ERROR jobguard: {line}\nlater: unrelated\n"),
+    )
+    .unwrap();
+    let script = format!(
+        "grep -m1 'dead letter was lost' worker.log | sed 's/^.*; the letter: //' > letter.json\n\
+         redis-cli -u {} -x XADD {STREAM} '*' letter < letter.json",
+        server.url()
+    );
+    let out = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert_eq!(
+        letters.get(&id).await.unwrap().as_ref(),
+        Some(letter),
+        "{id}"
     );
 }

@@ -170,7 +170,7 @@ async fn on_redis_with(
         .await
         .unwrap()
         .into_iter()
-        .map(|(_, letter)| letter)
+        .map(|(_, letter)| letter.unwrap())
         .collect();
     Some((letters, seen, statuses))
 }

@@ -80,7 +80,7 @@ async fn a_job_that_aborts_its_worker_is_dead_lettered_after_three_crashes_and_n
         .await
         .unwrap();
     assert_eq!(letters.len(), 1, "one job, one letter: {letters:?}");
-    let letter = &letters[0].1;
+    let letter = letters[0].1.as_ref().unwrap();
     assert_eq!(letter.reason, GiveUp::Crashed);
     assert_eq!(letter.job, "durable.effect");
     assert_eq!(letter.key.as_deref(), Some(POISON.to_string().as_str()));

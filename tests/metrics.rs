@@ -1,14 +1,20 @@
 //! The `metrics` integration as a Prometheus exporter renders it: every jobguard metric once,
 //! with the right `# TYPE`, no `_total_total` under either naming mode, and the values a
 //! scenario leaves (attempts, retries, dead letters by reason, replays, in-progress once a call,
-//! results not stored, breaker transitions and state, dropped letters).
+//! results not stored, breaker transitions and state, dropped letters); and letters a sink
+//! refused, counted once each by job.
 
+use jobguard::dead_letter::SinkFuture;
 use jobguard::observe::metrics as names;
-use jobguard::{CircuitBreaker, MemoryDeadLetters, MemoryStore, Runtime};
+use jobguard::{
+    CircuitBreaker, ClaimOptions, Claimed, DeadLetter, DeadLetterSink, MemoryDeadLetters,
+    MemoryStore, Runtime, Store, StoreKey,
+};
 use jobguard_testkit::gateway::GatewayError;
 use jobguard_testkit::prometheus::{samples, types};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -193,4 +199,109 @@ async fn the_breaker_gauge_follows_the_state() {
             assert_eq!(gauge(), "0");
         })
         .await;
+}
+
+/// A sink that refuses every letter, as a Redis sink whose server is down does.
+#[derive(Default)]
+struct Refusing {
+    sent: AtomicU32,
+}
+
+impl DeadLetterSink for Refusing {
+    fn send(&self, _letter: DeadLetter) -> SinkFuture<'_> {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(jobguard::Error::Store("queue unreachable".into())) })
+    }
+}
+
+#[jobguard::idempotent(key = order_id, scope = "payments.poisoned", lease = "5s", crashes = 1)]
+async fn poisoned(order_id: &str) -> Result<u64, jobguard::Error> {
+    Ok(order_id.len() as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_letter_the_sink_refuses_is_counted_as_lost_once_by_job() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    jobguard::observe::metrics::describe();
+    let sink = Arc::new(Refusing::default());
+    let store = MemoryStore::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(sink.clone())
+        .build();
+    // A worker claims the poison job's key and dies: the next claim dead-letters it.
+    let key = StoreKey {
+        scope: "payments.poisoned",
+        key: "order-P",
+    };
+    let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
+    assert!(matches!(
+        store.claim_with(key, "dead worker", options).await,
+        Ok(Claimed::Acquired { .. })
+    ));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    runtime
+        .scope(async {
+            // Two permanent failures, one exhausted job and the poison job: four letters, all
+            // refused. The jobs still fail with their own errors.
+            assert!(matches!(decline().await, Err(GatewayError::Declined)));
+            assert!(matches!(decline().await, Err(GatewayError::Declined)));
+            let calls = AtomicU32::new(0);
+            assert!(matches!(
+                charge("order-L", &calls, 99).await,
+                Err(GatewayError::Timeout)
+            ));
+            assert_eq!(
+                poisoned("order-P").await,
+                Err(jobguard::Error::Poisoned { crashes: 1 })
+            );
+            // A success sends no letter and loses none.
+            let calls = AtomicU32::new(0);
+            charge("order-M", &calls, 0).await.unwrap();
+        })
+        .await;
+    assert_eq!(sink.sent.load(Ordering::SeqCst), 4);
+
+    let rendered = recorder.handle().render();
+    assert_eq!(types(&rendered)[names::DEAD_LETTERS_LOST], "counter");
+    assert_eq!(
+        rendered
+            .matches(&format!("# HELP {} ", names::DEAD_LETTERS_LOST))
+            .count(),
+        1,
+        "{rendered}"
+    );
+    let lost: BTreeMap<_, _> = samples(&rendered)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(names::DEAD_LETTERS_LOST))
+        .collect();
+    assert_eq!(
+        lost,
+        BTreeMap::from([
+            (
+                r#"jobguard_dead_letters_lost_total{job="metrics::decline"}"#,
+                "2"
+            ),
+            (
+                r#"jobguard_dead_letters_lost_total{job="payments.charge"}"#,
+                "1"
+            ),
+            (
+                r#"jobguard_dead_letters_lost_total{job="payments.poisoned"}"#,
+                "1"
+            ),
+        ]),
+        "{rendered}"
+    );
+    // The give-ups themselves are counted as ever; the lost ones on top of them.
+    let samples = samples(&rendered);
+    assert_eq!(
+        samples[r#"jobguard_dead_lettered_total{job="metrics::decline",reason="permanent"}"#],
+        "2"
+    );
+    assert_eq!(
+        samples[r#"jobguard_dead_lettered_total{job="payments.poisoned",reason="crashed"}"#],
+        "1"
+    );
 }

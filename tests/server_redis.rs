@@ -119,8 +119,9 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
         .unwrap();
     let letters = letters.list().await.unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
-    assert_eq!(letters[0].1.key.as_deref(), Some("idem-2"));
-    assert_eq!(letters[0].1.attempts, 15, "every attempt of every delivery");
+    let letter = letters[0].1.as_ref().unwrap();
+    assert_eq!(letter.key.as_deref(), Some("idem-2"));
+    assert_eq!(letter.attempts, 15, "every attempt of every delivery");
     // The third delivery was order-B's last: the broker keeps it in its dead set and has
     // nothing queued or scheduled to deliver again.
     let dead: usize = redis.scard(config.dead_jobs_set()).await.unwrap();

@@ -309,12 +309,19 @@ async fn breaker_transitions_are_events_warning_when_it_opens() {
     );
 }
 
-/// The letter a "dead letter was lost" line carries, read back from its JSON.
+/// The letter a "dead letter was lost" line carries, read back from its record (the format a
+/// Redis stream keeps, `"v"` included) with the stream's own decoder.
 fn lost_letter(message: &str) -> jobguard::DeadLetter {
-    let (_, json) = message
+    let (_, record) = message
         .split_once("the letter: ")
         .expect("the letter in the line");
-    serde_json::from_str(json).expect("the letter as JSON")
+    assert!(record.starts_with(r#"{"v":1,"#), "{record}");
+    let letter = jobguard::dead_letter::decode(record.as_bytes()).expect("the letter's record");
+    assert_eq!(
+        jobguard::dead_letter::from_log(message).as_ref(),
+        Ok(&letter)
+    );
+    letter
 }
 
 #[tokio::test(start_paused = true)]
@@ -356,6 +363,24 @@ async fn a_lost_dead_letter_is_reported_at_error_level() {
     assert_eq!(letter.job, "tracing::decline");
     assert_eq!(letter.reason, jobguard::GiveUp::Permanent);
     assert_eq!(letter.error, "card declined");
+    // And the event's own line, once, in the job's span, naming the job and the sink's error.
+    let lost = events.with_message("dead letter lost");
+    assert_eq!(lost.len(), 1, "{lost:#?}");
+    assert_eq!(lost[0].level, Level::WARN);
+    assert_eq!(lost[0].field("job"), Some("tracing::decline"));
+    assert_eq!(lost[0].field("reason"), Some("permanent"));
+    assert_eq!(lost[0].field("attempts"), Some("1"));
+    assert_eq!(
+        lost[0].field("error"),
+        Some("store unavailable: queue unreachable")
+    );
+    assert_eq!(
+        lost[0]
+            .job_span()
+            .and_then(|s| s.get("job"))
+            .map(String::as_str),
+        Some("tracing::decline")
+    );
 }
 
 #[jobguard::idempotent(key = order, scope = "tests.tracing.poisoned", lease = "5s", crashes = 1)]

@@ -2,11 +2,52 @@
 //!
 //! | sink | keeps letters | notes |
 //! |---|---|---|
-//! | [`LogDeadLetters`] | in memory, bounded | the default: logs each letter at error level (`tracing` with that feature, else stderr) |
+//! | [`LogDeadLetters`] | in memory, bounded | the default: logs each letter whole, as its record, at error level (`tracing` with that feature, else stderr) |
 //! | [`MemoryDeadLetters`] | in memory, bounded | drops the oldest at capacity, counts and reports the drop |
 //! | [`from_fn`] | wherever the closure puts them | a queue, a table, a channel |
 //! | [`redis::RedisDeadLetters`] (feature `redis`) | a Redis Stream | outlives the process; `list`, `get`, `remove`, `redrive` |
+//!
+//! # Records
+//!
+//! A letter written anywhere outside the process (a Redis stream entry, the log line of a lost
+//! letter, of a letter dropped at capacity, or of [`LogDeadLetters`]) is a *record*: the [`DeadLetter`] as a JSON object with
+//! one more member, `"v"`, the format version ([`FORMAT_VERSION`]). [`encode`] writes one,
+//! [`decode`] reads one back (as [`RedisDeadLetters::list`](redis::RedisDeadLetters::list) and
+//! `get` do), and [`from_log`] finds one at the end of a log line.
+//!
+//! # Lost letters
+//!
+//! A letter its sink refuses (the sink's `send` returns an error: Redis down, a closure's error)
+//! is not dropped in silence. The retry engine and the idempotency guard write it to the log at
+//! error level, whole, as its record at the end of the line:
+//!
+//! ```text
+//! jobguard: job payments::charge gave up (exhausted) but its dead letter was lost: store unavailable: ...; the letter: {"v":1,"job":"payments::charge",...}
+//! ```
+//!
+//! and raise [`Event::DeadLetterLost`] for it (when someone watches the call: an observer, the
+//! `metrics` recorder, a `tracing` subscriber), counted in `jobguard_dead_letters_lost_total{job}`
+//! with the `metrics` feature. To put such a letter back
+//! once the sink works again, read it with [`from_log`] and send it, or `XADD` the record as it
+//! is (see the README's "Dead letters and redrive").
+//!
+//! ```
+//! use jobguard::dead_letter::{decode, encode, from_log};
+//! use jobguard::{DeadLetter, GiveUp};
+//! use std::time::SystemTime;
+//!
+//! let now = SystemTime::now();
+//! let letter = DeadLetter::new("payments::charge", Some("idem-2".into()), GiveUp::Exhausted, 5, "timeout", now, now);
+//! let record = encode(&letter);
+//! assert!(record.starts_with(r#"{"v":1,"#));
+//! assert_eq!(decode(record.as_bytes()), Ok(letter.clone()));
+//! let line = format!("jobguard: job payments::charge gave up (exhausted) but its dead letter was lost: down; the letter: {record}");
+//! assert_eq!(from_log(&line), Ok(letter));
+//! ```
 
+use crate::Error;
+use crate::observe::Event;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt::Display;
 use std::future::Future;
@@ -20,13 +61,92 @@ pub mod redis;
 
 pub use crate::record::{DeadLetter, GiveUp};
 
+/// The version written in every record's `"v"`; records of another version are
+/// [`Error::Corrupt`].
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Serialize)]
+struct RecordOut<'a> {
+    v: u32,
+    #[serde(flatten)]
+    letter: &'a DeadLetter,
+}
+
+#[derive(Deserialize)]
+struct Version {
+    v: Option<u32>,
+}
+
+/// A letter as a record: its JSON with the format version `"v"`, on one line. The format of a
+/// Redis stream entry's `letter` field, and of the letter a log line carries.
+pub fn encode(letter: &DeadLetter) -> String {
+    let record = RecordOut {
+        v: FORMAT_VERSION,
+        letter,
+    };
+    // A DeadLetter is plain data (strings, numbers, times after the epoch, JSON): it serializes.
+    serde_json::to_string(&record).unwrap_or_else(|e| {
+        format!(
+            r#"{{"v":{FORMAT_VERSION},"unserializable":{:?}}}"#,
+            e.to_string()
+        )
+    })
+}
+
+/// A record as a letter (surrounding whitespace allowed); anything else is [`Error::Corrupt`]
+/// saying why: not JSON, no format version, another format version, not a letter.
+pub fn decode(record: &[u8]) -> Result<DeadLetter, Error> {
+    let version: Version = serde_json::from_slice(record)
+        .map_err(|e| Error::Corrupt(format!("not a JSON record: {e}")))?;
+    match version.v {
+        Some(FORMAT_VERSION) => {}
+        Some(v) => {
+            return Err(Error::Corrupt(format!(
+                "record format version {v} (this build reads {FORMAT_VERSION})"
+            )));
+        }
+        None => return Err(Error::Corrupt("record without a format version".into())),
+    }
+    serde_json::from_slice(record).map_err(|e| Error::Corrupt(format!("not a dead letter: {e}")))
+}
+
+/// What precedes the record in the log lines of a lost or dropped letter.
+const IN_LOG: &str = "the letter: ";
+
+/// The letter a log line of jobguard's carries: a letter its sink did not take (`... its dead
+/// letter was lost: ...; the letter: {record}`) or one a bounded sink dropped at capacity. The
+/// record is the end of the line, as [`encode`] wrote it; give the line's message (with a JSON
+/// log format, the `message` field's value, unescaped). A line without a record that
+/// [`decode`] reads is [`Error::Corrupt`].
+pub fn from_log(line: &str) -> Result<DeadLetter, Error> {
+    let mut why = None;
+    // The first `the letter: ` whose remainder is a whole record: the marker may also occur in
+    // an error message before it (or inside it), where the remainder is not one JSON value.
+    for (at, _) in line.match_indices(IN_LOG) {
+        let rest = line.as_bytes().get(at + IN_LOG.len()..).unwrap_or_default();
+        match decode(rest) {
+            Ok(letter) => return Ok(letter),
+            Err(e) => {
+                why.get_or_insert(e);
+            }
+        }
+    }
+    Err(match why {
+        Some(Error::Corrupt(why)) => Error::Corrupt(format!("the letter in the log line: {why}")),
+        Some(other) => other,
+        None => Error::Corrupt(format!("no `{IN_LOG}` in the log line")),
+    })
+}
+
 /// The boxed future a sink returns.
 pub type SinkFuture<'a> = Pin<Box<dyn Future<Output = Result<(), crate::Error>> + Send + 'a>>;
 
 /// Where give-ups go. Implemented by [`MemoryDeadLetters`], [`LogDeadLetters`], and your own.
 ///
-/// A sink that fails returns the error; the loop logs it and still returns the job's own error to
-/// the caller, so a broken sink never masks the job's failure.
+/// A sink that fails returns the error; the loop logs the letter whole (see
+/// [Lost letters](self#lost-letters)), raises [`Event::DeadLetterLost`],
+/// and still returns the job's own error to the caller, so a broken sink never masks the job's
+/// failure.
 pub trait DeadLetterSink: Send + Sync {
     /// Keeps one letter.
     fn send(&self, letter: DeadLetter) -> SinkFuture<'_>;
@@ -48,7 +168,8 @@ impl<S: DeadLetterSink + ?Sized> DeadLetterSink for &S {
 /// list.
 ///
 /// At capacity the oldest letter is dropped to make room. A drop is never silent: it is counted
-/// ([`dropped`](Self::dropped)), logged at error level, and counted in
+/// ([`dropped`](Self::dropped)), logged at error level with the letter whole as its record (read
+/// it back with [`from_log`]), and counted in
 /// `jobguard_dead_letters_dropped_total{sink="memory"}` with the `metrics` feature.
 ///
 /// ```
@@ -163,13 +284,14 @@ impl MemoryDeadLetters {
         let total = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
         crate::observe::log_error(format_args!(
             "jobguard: in-memory dead letters full ({} kept): dropped the oldest, job {} key {} \
-             ({}, {} attempt(s)): {}; {total} dropped so far",
+             ({}, {} attempt(s)): {}; {total} dropped so far; {IN_LOG}{}",
             self.inner.capacity,
             old.job,
             old.key.as_deref().unwrap_or("-"),
             old.reason,
             old.attempts,
             old.error,
+            encode(old),
         ));
         #[cfg(feature = "metrics")]
         crate::observe::metrics::dead_letter_dropped("memory");
@@ -236,7 +358,9 @@ where
 /// The embedded default sink: each letter is written to the log at error level and kept in a
 /// bounded [`MemoryDeadLetters`]. With the `tracing` feature and a subscriber set, the log is a
 /// `tracing` event (target `jobguard`, message `dead letter`, the job, key, reason, attempts and
-/// error as fields); otherwise it is a line on stderr.
+/// error as fields, and `letter`, the letter whole as its record: read it back with [`decode`]);
+/// otherwise it is a line on stderr that ends with `; the letter: ` and the record (read it back
+/// with [`from_log`]). Either way the log alone is enough to redrive the job, payload included.
 #[derive(Clone, Debug, Default)]
 pub struct LogDeadLetters {
     kept: MemoryDeadLetters,
@@ -263,6 +387,7 @@ impl LogDeadLetters {
 
 impl DeadLetterSink for LogDeadLetters {
     fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
+        let record = encode(&letter);
         #[cfg(feature = "tracing")]
         let logged = crate::observe::tracing::has_subscriber();
         #[cfg(feature = "tracing")]
@@ -274,6 +399,7 @@ impl DeadLetterSink for LogDeadLetters {
                 reason = letter.reason.as_str(),
                 attempts = letter.attempts,
                 error = %letter.error,
+                letter = %record,
                 "dead letter",
             );
         }
@@ -281,7 +407,8 @@ impl DeadLetterSink for LogDeadLetters {
         let logged = false;
         if !logged {
             crate::observe::log_error(format_args!(
-                "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}",
+                "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}; \
+                 {IN_LOG}{record}",
                 letter.job,
                 letter.key.as_deref().unwrap_or("-"),
                 letter.reason,
@@ -321,29 +448,100 @@ pub(crate) fn redriven(job: &str, key: Option<&str>) -> bool {
         .unwrap_or(false)
 }
 
-/// Sends `letter` to `sink`, and logs a letter the sink refuses whole ([`letter_lost`]):
-/// `true` when the sink took it. How the retry engine and the idempotency guard send theirs.
+/// Sends `letter` to `sink`, and reports a letter the sink refuses ([`letter_lost`]): `true`
+/// when the sink took it. How the idempotency guard sends its crash letter; the lost letter's
+/// event goes to the runtime in scope, as the guard's other events do.
 pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
+    deliver_observed(sink, letter, crate::observe::emit_unowned).await
+}
+
+/// [`deliver`], with `raise` given the [`Event::DeadLetterLost`] of a letter the sink refused
+/// (once, and never when the sink took the letter): how the retry engine sends its letter,
+/// raising the event only when the call's observation, decided when it started, says someone
+/// watches.
+pub(crate) async fn deliver_observed(
+    sink: &dyn DeadLetterSink,
+    letter: DeadLetter,
+    raise: impl FnOnce(&Event<'_>),
+) -> bool {
     // A copy for the log, should the sink fail: the letter is not lost with it.
     let kept = letter.clone();
     match sink.send(letter).await {
         Ok(()) => true,
         Err(e) => {
             letter_lost(&kept, &e);
+            raise(&Event::DeadLetterLost {
+                letter: &kept,
+                error: &e,
+            });
             false
         }
     }
 }
 
-/// Logs that `letter` did not reach its sink, with the letter itself as JSON (its payload too),
-/// so that an operator can still redrive the job from the log: the one line the retry engine and
-/// the idempotency guard write for a lost letter.
+/// Logs that `letter` did not reach its sink, with the letter itself as its record (the format
+/// a Redis stream keeps, payload included), so that an operator can put it back or redrive the
+/// job from the log: the one line the retry engine and the idempotency guard write for a lost
+/// letter. [`from_log`] reads the letter back from it.
 #[cold]
 fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
-    let json =
-        serde_json::to_string(letter).unwrap_or_else(|e| format!("(not JSON: {e}) {letter:?}"));
     crate::observe::log_error(format_args!(
-        "jobguard: job {} gave up ({}) but its dead letter was lost: {error}; the letter: {json}",
-        letter.job, letter.reason
+        "jobguard: job {} gave up ({}) but its dead letter was lost: {error}; {IN_LOG}{}",
+        letter.job,
+        letter.reason,
+        encode(letter)
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn letter() -> DeadLetter {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        DeadLetter::new(
+            "payments::charge",
+            Some("idem-2".into()),
+            GiveUp::Exhausted,
+            5,
+            "the letter: {\"v\":1} é",
+            t,
+            t,
+        )
+        .with_payload(Some(serde_json::json!(["order-B", 100])))
+    }
+
+    #[test]
+    fn from_log_reads_the_record_that_ends_the_line_whatever_precedes_it() {
+        let record = encode(&letter());
+        let lines = [
+            format!(
+                "jobguard: job x gave up (exhausted) but its dead letter was lost: e; {IN_LOG}{record}"
+            ),
+            // The marker in the sink's error before the record, and in the letter's own error.
+            format!("lost: {IN_LOG}{{\"v\":1,\"oops\"; {IN_LOG}{record}\n"),
+            format!("2026-01-01T00:00:00Z ERROR jobguard: {IN_LOG}{record}  "),
+        ];
+        for line in lines {
+            assert_eq!(from_log(&line), Ok(letter()), "{line}");
+        }
+    }
+
+    #[test]
+    fn a_line_without_a_readable_record_is_corrupt_never_a_panic() {
+        let record = encode(&letter());
+        let v2 = record.replacen(r#""v":1"#, r#""v":2"#, 1);
+        for line in [
+            String::new(),
+            "no marker here".to_owned(),
+            IN_LOG.to_owned(),
+            format!("{IN_LOG}{}", &record[..record.len() - 1]),
+            format!("{IN_LOG}{v2}"),
+            format!("{IN_LOG}{record} and more"),
+            format!("é{IN_LOG}é"),
+        ] {
+            assert!(matches!(from_log(&line), Err(Error::Corrupt(_))), "{line}");
+        }
+    }
 }

@@ -154,6 +154,17 @@ pub enum Event<'a> {
     /// The job gave up; this letter goes to the sink. Not raised when the job gives up again
     /// while its own letter is redriven (the redriven letter stays as its one letter).
     DeadLetter(&'a DeadLetter),
+    /// The sink refused the job's dead letter (its `send` failed: Redis down, a closure's
+    /// error), raised once per letter, after its [`Event::DeadLetter`] (or for a poison job's
+    /// letter, after the guard's). The letter is not kept by the sink: it is in the log whole,
+    /// as its record, at error level (see [Lost letters](crate::dead_letter#lost-letters)). Not
+    /// raised for a letter a bounded sink drops at capacity (that is counted by the sink).
+    DeadLetterLost {
+        /// The letter the sink did not take.
+        letter: &'a DeadLetter,
+        /// The sink's error.
+        error: &'a dyn fmt::Display,
+    },
     /// The retry loop gave up on a delivery that is not the runner's last: no dead letter is
     /// written, and the error goes back to the runner, which delivers the job again
     /// ([`Delivery`]). The last delivery writes the job's one letter.
@@ -243,7 +254,7 @@ pub enum Event<'a> {
     },
 }
 
-/// Every field as it is, the error of a [`Event::Retry`] in its `Display` form.
+/// Every field as it is, the error of a [`Event::Retry`] (and the like) in its `Display` form.
 impl fmt::Debug for Event<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
@@ -276,6 +287,11 @@ impl fmt::Debug for Event<'_> {
                 .field("attempts", &attempts)
                 .finish(),
             Event::DeadLetter(letter) => f.debug_tuple("DeadLetter").field(letter).finish(),
+            Event::DeadLetterLost { letter, error } => f
+                .debug_struct("DeadLetterLost")
+                .field("letter", letter)
+                .field("error", &format_args!("{error}"))
+                .finish(),
             Event::HandedBack {
                 job,
                 key,

@@ -740,11 +740,23 @@ impl<'a> Retry<'a> {
         let payload = self.spec.payload;
         let letter = self.failures().trail.seal(payload, letter);
         self.emit(&Event::DeadLetter(&letter));
+        // A letter the sink refuses is raised to whoever watches this call, as `emit` would:
+        // decided when the call started, and the runtime it uses when observers exist.
+        let watch = self.mode.watch();
+        let known = self.spec.known;
+        let observers = (watch == Watch::Observers).then(|| self.runtime().clone());
+        let lost = move |event: &Event<'_>| match (watch, observers) {
+            (Watch::Nobody, _) => {}
+            (_, Some(runtime)) => runtime.emit_job(event, known),
+            (_, None) => crate::observe::record_job(event, known),
+        };
         let delivered: Pin<Box<dyn Future<Output = bool> + Send + 'a>> = match self.spec.sink {
-            Some(sink) => Box::pin(crate::dead_letter::deliver(sink, letter)),
+            Some(sink) => Box::pin(crate::dead_letter::deliver_observed(sink, letter, lost)),
             None => {
                 let sink = self.runtime().inner.dead_letters.clone();
-                Box::pin(async move { crate::dead_letter::deliver(&*sink, letter).await })
+                Box::pin(
+                    async move { crate::dead_letter::deliver_observed(&*sink, letter, lost).await },
+                )
             }
         };
         // Settled only once the sink took the letter: a job whose letter was lost is not

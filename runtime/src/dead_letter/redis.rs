@@ -11,7 +11,14 @@
 //!
 //! // Later, an operator:
 //! for (id, letter) in letters.list().await? {
-//!     println!("{id}: {} key {:?} gave up ({}): {}", letter.job, letter.key, letter.reason, letter.error);
+//!     match letter {
+//!         Ok(letter) => println!(
+//!             "{id}: {} key {:?} gave up ({}): {}",
+//!             letter.job, letter.key, letter.reason, letter.error
+//!         ),
+//!         // Not a letter this build reads: say why, and remove it once it is dealt with.
+//!         Err(why) => println!("{id}: {why}"),
+//!     }
 //! }
 //! # Ok(()) }
 //! ```
@@ -20,14 +27,19 @@
 //!
 //! Each letter is one stream entry, written with
 //! `XADD <stream> MAXLEN ~ <max_len> * letter <json>`: a single field `letter` whose value is the
-//! [`DeadLetter`] as a JSON object with one more member, `"v"`, the format version
-//! ([`FORMAT_VERSION`]). `MAXLEN ~` trims the oldest entries once the stream is well past
-//! `max_len` (Redis trims whole nodes, so the stream may hold somewhat more than `max_len`).
+//! letter's record ([`encode`]): the [`DeadLetter`] as a JSON object with one more member, `"v"`,
+//! the format version ([`FORMAT_VERSION`]). `MAXLEN ~` trims the oldest entries once the stream
+//! is well past `max_len` (Redis trims whole nodes, so the stream may hold somewhat more than
+//! `max_len`). A letter its sink could not take is logged as that same record (see
+//! [Lost letters](super#lost-letters)), so it can be `XADD`ed back as it is.
 //!
 //! An entry that is not such a record (no `letter` field, not JSON, not a letter, another format
-//! version) makes [`list`](RedisDeadLetters::list) and [`get`](RedisDeadLetters::get) fail with
-//! [`Error::Corrupt`] naming its id; [`remove`](RedisDeadLetters::remove) still removes it. A
-//! server that cannot be reached is [`Error::Store`].
+//! version) is *corrupt*. [`list`](RedisDeadLetters::list) still lists it, in its place, as an
+//! [`Error::Corrupt`] naming its id, the stream and why, beside the letters it reads; no entry
+//! is skipped. [`get`](RedisDeadLetters::get) and [`redrive`](RedisDeadLetters::redrive) of it
+//! fail with that error (the redrive without running the job), [`len`](RedisDeadLetters::len)
+//! counts it, and [`remove`](RedisDeadLetters::remove) removes it. A server that cannot be
+//! reached is [`Error::Store`].
 //!
 //! # Redis Cluster
 //!
@@ -50,14 +62,11 @@ use super::{DeadLetter, DeadLetterSink, SinkFuture};
 use crate::Error;
 use crate::store::redis::{RedisConnection, RedisStore};
 use ::redis::Value;
-use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-/// The version written in every record's `"v"`; records of another version are
-/// [`Error::Corrupt`].
-pub const FORMAT_VERSION: u32 = 1;
+pub use super::{FORMAT_VERSION, decode, encode};
 
 /// The stream field that holds a letter's JSON.
 pub const FIELD: &str = "letter";
@@ -111,49 +120,6 @@ impl<E: std::error::Error + 'static> std::error::Error for RedriveError<E> {
             RedriveError::Store(e) => Some(e),
         }
     }
-}
-
-#[derive(Serialize)]
-struct RecordOut<'a> {
-    v: u32,
-    #[serde(flatten)]
-    letter: &'a DeadLetter,
-}
-
-#[derive(Deserialize)]
-struct Version {
-    v: Option<u32>,
-}
-
-/// A letter as a record: its JSON with the format version.
-pub fn encode(letter: &DeadLetter) -> String {
-    let record = RecordOut {
-        v: FORMAT_VERSION,
-        letter,
-    };
-    // A DeadLetter is plain data (strings, numbers, times after the epoch, JSON): it serializes.
-    serde_json::to_string(&record).unwrap_or_else(|e| {
-        format!(
-            r#"{{"v":{FORMAT_VERSION},"unserializable":{:?}}}"#,
-            e.to_string()
-        )
-    })
-}
-
-/// A record as a letter; anything else is [`Error::Corrupt`].
-pub fn decode(record: &[u8]) -> Result<DeadLetter, Error> {
-    let version: Version = serde_json::from_slice(record)
-        .map_err(|e| Error::Corrupt(format!("not a JSON record: {e}")))?;
-    match version.v {
-        Some(FORMAT_VERSION) => {}
-        Some(v) => {
-            return Err(Error::Corrupt(format!(
-                "record format version {v} (this build reads {FORMAT_VERSION})"
-            )));
-        }
-        None => return Err(Error::Corrupt("record without a format version".into())),
-    }
-    serde_json::from_slice(record).map_err(|e| Error::Corrupt(format!("not a dead letter: {e}")))
 }
 
 impl RedisDeadLetters {
@@ -237,9 +203,27 @@ impl RedisDeadLetters {
         text(&reply).ok_or_else(|| Error::Store(format!("unexpected reply to XADD: {reply:?}")))
     }
 
-    /// Every letter, oldest first, with its entry id. An entry that is not a letter is
-    /// [`Error::Corrupt`] naming its id (remove it with [`remove`](Self::remove)).
-    pub async fn list(&self) -> Result<Vec<(String, DeadLetter)>, Error> {
+    /// Every entry, oldest first: its id, and its letter, or for an entry that is not a letter
+    /// (a corrupt one: see [Records](self#records)) [`Error::Corrupt`] naming the id, the
+    /// stream and why. A corrupt entry neither hides the letters after it nor is skipped: it is
+    /// listed in its place, for the caller to report and [`remove`](Self::remove) by its id.
+    /// `Err` as a whole only when the stream cannot be read ([`Error::Store`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(letters: jobguard::RedisDeadLetters) -> Result<(), jobguard::Error> {
+    /// for (id, letter) in letters.list().await? {
+    ///     let letter = match letter {
+    ///         Ok(letter) => letter,
+    ///         Err(corrupt) => {
+    ///             eprintln!("{corrupt}"); // e.g. kept aside, then `letters.remove(&id)`
+    ///             continue;
+    ///         }
+    ///     };
+    ///     println!("{id}: {} gave up ({})", letter.job, letter.reason);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn list(&self) -> Result<Vec<(String, Result<DeadLetter, Error>)>, Error> {
         let mut letters = Vec::new();
         let mut start = "-".to_owned();
         loop {
@@ -249,7 +233,7 @@ impl RedisDeadLetters {
                 break;
             };
             for (id, record) in page {
-                let letter = self.decode_entry(&id, record)?;
+                let letter = self.decode_entry(&id, record);
                 letters.push((id, letter));
             }
             match after {
@@ -260,7 +244,8 @@ impl RedisDeadLetters {
         Ok(letters)
     }
 
-    /// How many letters the stream holds.
+    /// How many entries the stream holds: its letters, and any corrupt entry
+    /// ([`list`](Self::list) lists both).
     pub async fn len(&self) -> Result<usize, Error> {
         ::redis::cmd("XLEN")
             .arg(&*self.stream)
@@ -274,7 +259,8 @@ impl RedisDeadLetters {
         Ok(self.len().await? == 0)
     }
 
-    /// The letter with entry id `id`, or `None` when there is none.
+    /// The letter with entry id `id`, or `None` when there is none. A corrupt entry is
+    /// [`Error::Corrupt`] naming the id, the stream and why.
     pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, Error> {
         let mut page = self.range(id, id, 1).await?;
         match page.pop() {

@@ -15,6 +15,7 @@
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
+//! | `jobguard_dead_letters_lost_total` | counter | `job` | a sink refuses a job's dead letter (its `send` fails: Redis down, a closure's error); the letter is in the log, whole |
 //! | `jobguard_store_evictions_total` | counter | `store` | a bounded store gives up completed records before their TTL, by the number given up |
 //! | `jobguard_store_bytes` | gauge | `store` | the bytes [`MemoryStore`](crate::MemoryStore)s hold, summed: set by [`MemoryStore::stats`](crate::MemoryStore::stats), and once a second at most by a store that gives records up |
 //!
@@ -66,6 +67,9 @@ pub const BREAKER_TRANSITIONS: &str = "jobguard_breaker_transitions_total";
 pub const BREAKER_STATE: &str = "jobguard_breaker_state";
 /// `jobguard_dead_letters_dropped_total{sink}`: letters a bounded sink dropped at capacity.
 pub const DEAD_LETTERS_DROPPED: &str = "jobguard_dead_letters_dropped_total";
+/// `jobguard_dead_letters_lost_total{job}`: dead letters a sink refused (see
+/// [`Event::DeadLetterLost`]).
+pub const DEAD_LETTERS_LOST: &str = "jobguard_dead_letters_lost_total";
 
 /// `jobguard_store_evictions_total{store}`: completed records a bounded store gave up before
 /// their TTL.
@@ -114,6 +118,10 @@ pub fn describe() {
     describe_counter!(
         DEAD_LETTERS_DROPPED,
         "Dead letters dropped by a bounded sink at capacity."
+    );
+    describe_counter!(
+        DEAD_LETTERS_LOST,
+        "Dead letters their sink refused (written to the log whole instead), by job."
     );
     describe_counter!(
         STORE_EVICTIONS,
@@ -180,6 +188,7 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::Attempt { job, .. } => increment(ATTEMPTS, Dim::Job, job),
         Event::Retry { job, .. } => increment(RETRIES, Dim::Job, job),
         Event::DeadLetter(letter) => dead_lettered(letter),
+        Event::DeadLetterLost { letter, .. } => increment(DEAD_LETTERS_LOST, Dim::Job, &letter.job),
         Event::HandedBack { job, .. } => increment(HANDED_BACK, Dim::Job, job),
         Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),

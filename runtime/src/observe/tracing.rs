@@ -10,6 +10,7 @@
 //! |---|---|---|---|
 //! | a failed attempt will be retried | `INFO` | `retrying` | `attempt`, `delay`, `verdict`, `error` |
 //! | the job gave up | `WARN` | `gave up` | `reason`, `attempts`, `error` |
+//! | the sink refused the job's dead letter | `WARN` | `dead letter lost` | `job`, `key`, `reason`, `attempts`, `error` (the sink's) |
 //! | the job succeeded | `DEBUG` | `succeeded` | `attempts` |
 //! | a completed key was replayed | `INFO` | `replayed` | `scope`, `key` |
 //! | the key is held by another worker | `INFO` | `in progress elsewhere` | `scope`, `key`, `retry_in` |
@@ -17,10 +18,11 @@
 //! | the result could not be stored | `WARN` | `result not stored` | `scope`, `key` |
 //! | a breaker changed state | `WARN` when it opens, else `INFO` | `breaker transition` | `breaker`, `from`, `to` |
 //!
-//! The give-up and retry events are inside the job's span, so `job` and `key` come from it.
+//! The give-up and retry events are inside the job's span, so `job` and `key` come from it. A
+//! lost letter's event names them itself, since a poison job's letter is sent outside any span.
 //! Dead letters written by the default [`LogDeadLetters`](crate::LogDeadLetters) sink, and the
-//! runtime's own error reports (a dead letter that could not be sent, a letter dropped at
-//! capacity), are `ERROR` events with target `jobguard`.
+//! runtime's own error reports (a dead letter that could not be sent, with the letter whole as
+//! its record; a letter dropped at capacity), are `ERROR` events with target `jobguard`.
 //!
 //! Without a subscriber, or with one that filters `jobguard` out, none of this allocates. A
 //! process that never set a subscriber still sees the error reports: they go to stderr.
@@ -125,6 +127,15 @@ fn record_enabled(event: &Event<'_>) {
             attempts = letter.attempts,
             error = %letter.error,
             "gave up",
+        ),
+        Event::DeadLetterLost { letter, error } => warn!(
+            target: "jobguard",
+            job = %letter.job,
+            key = letter.key.as_deref(),
+            reason = letter.reason.as_str(),
+            attempts = letter.attempts,
+            error = %error,
+            "dead letter lost",
         ),
         Event::HandedBack {
             attempts,
