@@ -99,6 +99,7 @@ fn runtime(store: impl Store + 'static) -> (Runtime, Arc<Mutex<Vec<String>>>, Ar
                 }
                 Event::LeaseLost { .. } => "lease lost",
                 Event::StoreFailed { .. } => "store failed",
+                Event::ClaimFailed { .. } => "claim failed",
                 _ => return,
             };
             seen.lock().unwrap().push(line.to_owned());
@@ -297,7 +298,7 @@ async fn a_lease_lost_while_the_job_ran_is_raised_once() {
 #[tokio::test(start_paused = true)]
 async fn an_unreachable_store_fails_closed_and_the_body_never_runs() {
     let store = Faulty::default();
-    let (rt, _, _) = runtime(store.clone());
+    let (rt, log, _) = runtime(store.clone());
     store.down.store(true, Ordering::SeqCst);
     let work = Work::default();
     assert!(matches!(
@@ -305,11 +306,20 @@ async fn an_unreachable_store_fails_closed_and_the_body_never_runs() {
         Err(Error::Store(_))
     ));
     assert_eq!(work.runs(), 0);
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["claim failed"],
+        "raised once, and nothing else"
+    );
     store.down.store(false, Ordering::SeqCst);
     assert_eq!(
         rt.scope(fail_fast(&work, "k", 1)).await,
         Ok(1),
         "recovers with the store"
+    );
+    assert_eq!(
+        log.lock().unwrap().last().map(String::as_str),
+        Some("claimed")
     );
 }
 

@@ -1,7 +1,7 @@
 //! The `metrics` integration as a Prometheus exporter renders it: every jobguard metric once,
 //! with the right `# TYPE`, no `_total_total` under either naming mode, and the values a
 //! scenario leaves (attempts, retries, dead letters by reason, replays, in-progress once a call,
-//! results not stored, breaker transitions and state, dropped letters); and letters a sink
+//! results not stored, claims that failed, breaker transitions and state, dropped letters); and letters a sink
 //! refused, counted once each by job.
 
 use jobguard::dead_letter::SinkFuture;
@@ -52,6 +52,12 @@ async fn ratio(order_id: &str) -> Result<f64, GatewayError> {
     Ok(f64::NAN)
 }
 
+/// Never runs: its store is out of reach, so the claim fails closed.
+#[jobguard::idempotent(key = order_id, scope = "payments.unreachable")]
+async fn unreachable(order_id: &str) -> Result<u64, GatewayError> {
+    unreachable!("the claim of {order_id} failed: the body does not run")
+}
+
 /// Runs the scenario with `recorder` as this thread's recorder.
 async fn scenario(recorder: &PrometheusRecorder) {
     let _local = metrics::set_default_local_recorder(recorder);
@@ -97,6 +103,14 @@ async fn scenario(recorder: &PrometheusRecorder) {
             assert_eq!((first.unwrap(), second.unwrap()), (2, 2));
             // A result that cannot be kept to replay.
             assert!(ratio("order-R").await.unwrap().is_nan());
+            // A store out of reach: the claim fails, and the job does not run.
+            let down = jobguard_testkit::faulty::Faulty::default();
+            down.down.store(true, Ordering::SeqCst);
+            let unreachable_store = Runtime::builder().store(down).build();
+            assert!(matches!(
+                unreachable_store.scope(unreachable("order-U")).await,
+                Err(GatewayError::Jobguard(jobguard::Error::Store(_)))
+            ));
             // The breaker opens, then closes.
             gateway.trip();
             gateway.reset();
@@ -113,6 +127,7 @@ fn expected_types() -> BTreeMap<&'static str, &'static str> {
         (names::REPLAYS, "counter"),
         (names::IN_PROGRESS, "counter"),
         (names::STORE_FAILED, "counter"),
+        (names::CLAIM_FAILED, "counter"),
         (names::BREAKER_TRANSITIONS, "counter"),
         (names::BREAKER_STATE, "gauge"),
         (names::DEAD_LETTERS_DROPPED, "counter"),
@@ -148,6 +163,10 @@ fn assert_rendered(rendered: &str) {
         (r#"jobguard_in_progress_total{job="payments.slow"}"#, "1"),
         (r#"jobguard_in_progress_total{job="payments.queued"}"#, "1"),
         (r#"jobguard_store_failed_total{job="payments.ratio"}"#, "1"),
+        (
+            r#"jobguard_claim_failed_total{job="payments.unreachable"}"#,
+            "1",
+        ),
         (
             r#"jobguard_breaker_transitions_total{breaker="gateway",to="open"}"#,
             "1",

@@ -244,11 +244,19 @@ impl<'a> Idempotent<'a> {
         // A redrive forgives a poisoned key once: a key poisoned again is refused.
         let mut forgiven = false;
         let generation = loop {
-            match store
-                .claim_with(key, &token, options)
-                .await
-                .map_err(|e| E::from(e.at_key(key.scope, key.key)))?
-            {
+            let claimed = match store.claim_with(key, &token, options).await {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    let error = error.at_key(key.scope, key.key);
+                    observe(Event::ClaimFailed {
+                        scope: self.name,
+                        key: key.key,
+                        error: &error,
+                    });
+                    return Err(E::from(error));
+                }
+            };
+            match claimed {
                 Claimed::Acquired { generation, .. } => break generation,
                 Claimed::Completed(bytes) => {
                     let value = match decode::<T>(&bytes) {

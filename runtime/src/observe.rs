@@ -221,6 +221,18 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
+    /// The key could not be claimed: the store could not be reached or answered with an error,
+    /// or held a record this build cannot read. The job does not run (the call fails closed with
+    /// `error`, [`Error::Store`](crate::Error::Store) or [`Error::Corrupt`](crate::Error::Corrupt));
+    /// a redelivery tries again. Raised once a call, by the guard and by the HTTP layer.
+    ClaimFailed {
+        /// The key's namespace.
+        scope: &'a str,
+        /// The idempotency key.
+        key: &'a str,
+        /// What the store said.
+        error: &'a crate::Error,
+    },
     /// The job succeeded but its result was not stored to replay: the write failed, the result
     /// cannot be kept to replay (the key is recorded as [`Error::Unreplayable`](crate::Error::Unreplayable)),
     /// or, in the HTTP layer, the response was larger than it stores.
@@ -323,6 +335,12 @@ impl fmt::Debug for Event<'_> {
             Event::Released { scope, key } => scoped(f, "Released", scope, key),
             Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key),
             Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key),
+            Event::ClaimFailed { scope, key, error } => f
+                .debug_struct("ClaimFailed")
+                .field("scope", &scope)
+                .field("key", &key)
+                .field("error", &error)
+                .finish(),
             Event::Evicted {
                 store,
                 records,

@@ -11,6 +11,7 @@
 //! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
 //! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker (once a call, also while it waits) |
 //! | `jobguard_lease_lost_total` | counter | `job` (the idempotency scope) | a claim's lease lapsed while its job ran: another worker may run it too |
+//! | `jobguard_claim_failed_total` | counter | `job` (the idempotency scope) | a key could not be claimed (the store out of reach or failing, a record it cannot read): the job did not run |
 //! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result was not stored to replay: the write failed, the result cannot be kept, or an HTTP response was larger than the layer stores |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
@@ -59,6 +60,9 @@ pub const REPLAYS: &str = "jobguard_replays_total";
 pub const IN_PROGRESS: &str = "jobguard_in_progress_total";
 /// `jobguard_lease_lost_total{job}`: claims whose lease lapsed while the job ran.
 pub const LEASE_LOST: &str = "jobguard_lease_lost_total";
+/// `jobguard_claim_failed_total{job}`: idempotent calls that failed closed because the key
+/// could not be claimed (see [`Event::ClaimFailed`]).
+pub const CLAIM_FAILED: &str = "jobguard_claim_failed_total";
 /// `jobguard_store_failed_total{job}`: successful jobs whose result was not stored to replay.
 pub const STORE_FAILED: &str = "jobguard_store_failed_total";
 /// `jobguard_breaker_transitions_total{breaker,to}`: breaker state changes.
@@ -102,6 +106,11 @@ pub fn describe() {
     describe_counter!(
         LEASE_LOST,
         "Idempotency claims whose lease lapsed while the job ran: another worker may run it too."
+    );
+    describe_counter!(
+        CLAIM_FAILED,
+        "Idempotent calls (or HTTP requests) that failed closed, not run, because their key \
+         could not be claimed."
     );
     describe_counter!(
         STORE_FAILED,
@@ -194,6 +203,7 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
         Event::LeaseLost { scope, .. } => increment(LEASE_LOST, Dim::Job, scope),
         Event::StoreFailed { scope, .. } => increment(STORE_FAILED, Dim::Job, scope),
+        Event::ClaimFailed { scope, .. } => increment(CLAIM_FAILED, Dim::Job, scope),
         Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),
         Event::Evicted { store, records, .. } => store_evicted(store, records),
         _ => {}

@@ -15,6 +15,7 @@
 //! | a completed key was replayed | `INFO` | `replayed` | `scope`, `key` |
 //! | the key is held by another worker | `INFO` | `in progress elsewhere` | `scope`, `key`, `retry_in` |
 //! | the claim's lease was lost | `WARN` | `lease lost` | `scope`, `key` |
+//! | the key could not be claimed (the job does not run) | `WARN` | `claim failed` | `scope`, `key`, `error` |
 //! | the result could not be stored | `WARN` | `result not stored` | `scope`, `key` |
 //! | a breaker changed state | `WARN` when it opens, else `INFO` | `breaker transition` | `breaker`, `from`, `to` |
 //!
@@ -166,6 +167,9 @@ fn record_enabled(event: &Event<'_>) {
         Event::LeaseLost { scope, key } => warn!(target: "jobguard", scope, key, "lease lost"),
         Event::StoreFailed { scope, key } => {
             warn!(target: "jobguard", scope, key, "result not stored")
+        }
+        Event::ClaimFailed { scope, key, error } => {
+            warn!(target: "jobguard", scope, key, error = %error, "claim failed")
         }
         Event::Breaker { breaker, from, to } => breaker_transition(breaker, from, to),
         _ => {}
