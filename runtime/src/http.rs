@@ -66,8 +66,42 @@
 //! The service's response bodies must be [`Unpin`] (axum's and hyper's are).
 //!
 //! The lease on the key is renewed every third of [`lease`](IdempotencyLayer::lease) while the
-//! handler runs. A request whose future is dropped before it ends (the server cancelled it), or
-//! whose handler panicked, releases it.
+//! handler runs. A handler that panics releases it, and the panic reaches the server as if the
+//! layer were not there.
+//!
+//! # A client that hangs up
+//!
+//! Once the key is claimed, the handler runs, and its response is buffered and stored, in a
+//! task of its own (spawned on the tokio runtime, in the caller's [`Runtime`](crate::Runtime)
+//! scope and, with `tracing`, its span), which the layer's response future awaits. The request
+//! body was read whole before the claim, so the handler no longer needs the connection. When
+//! the client hangs up (times out) mid-request, the server drops that response future, and
+//! nothing changes: the handler runs to its end, the key stays held (its lease renewed) until
+//! the response is stored, and the client's repeat with the same key gets `409` with
+//! `Retry-After` while the first still runs, then the stored response. This is Stripe's rule,
+//! a result is saved once the endpoint began executing: a client that gives up cannot tell
+//! whether the effect took place, and its repeat must not make it twice.
+//!
+//! There is no opt-out: stopping a handler because its client left is what made a repeat run
+//! twice. A handler that must not run on and on needs a deadline of its own: put a timeout
+//! *inside* the layer (in axum, a `.layer(timeout)` before `.layer(IdempotencyLayer)`), so that
+//! the handler's `408` or `503` releases the key; a timeout outside the layer drops the
+//! response future only, as a client hanging up does. The service's future and body types must
+//! be `Send + 'static` (axum's and hyper's are), since they run in a task. Outside a tokio
+//! runtime (a service polled by some other executor) nothing is spawned: the request runs in
+//! its own future, and dropping that future releases the claim, as a cancelled job does. A
+//! server shutting down its runtime mid-request ends the task too: the claim is released, or
+//! lapses with its lease.
+//!
+//! # Streaming responses
+//!
+//! A guarded response (a keyed request to a guarded method) is buffered whole before the client
+//! receives anything, headers included, so that it can be stored: a streaming route, such as
+//! server-sent events or a large download, sends nothing until its stream ends or passes
+//! [`max_response`](IdempotencyLayer::max_response), after which the rest streams through
+//! unstored. Do not guard such routes (leave their methods out of
+//! [`methods`](IdempotencyLayer::methods), or put the layer on the other routes only), or
+//! document that their first byte waits for the whole response.
 
 use crate::Error;
 use crate::idempotency::{new_token, release};
@@ -223,7 +257,9 @@ impl IdempotencyLayer {
     }
 
     /// The largest response body, in bytes, buffered for storage (default 1 MiB). A larger
-    /// response is passed through whole and not stored.
+    /// response is passed through whole and not stored. The client receives nothing of a guarded
+    /// response, headers included, until it is buffered whole or passes this limit: see
+    /// [streaming responses](self#streaming-responses).
     pub fn max_response(mut self, bytes: usize) -> Self {
         self.config().max_response = bytes;
         self
@@ -254,7 +290,8 @@ impl<S> fmt::Debug for IdempotencyService<S> {
     }
 }
 
-/// The future [`IdempotencyService`] returns.
+/// The future [`IdempotencyService`] returns. Dropping it once the key is claimed does not stop
+/// the handler: see [a client that hangs up](self#a-client-that-hangs-up).
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
@@ -290,10 +327,12 @@ async fn serve<S, B, ResBody>(
     request: Request<B>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
-    B: Body<Data = Bytes>,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     if !config.methods.contains(request.method()) {
@@ -324,9 +363,34 @@ where
     };
 
     let fingerprint = Fingerprint::of(&parts, &body);
+    let scope = store_scope(config.scope.as_deref(), &parts);
+    let request = Request::from_parts(parts, Either::Right(Full::new(body)));
+    // From the claim on, the request runs as a task of its own: the server dropping this future
+    // (the client hung up) leaves the handler running and its response stored, and the key held
+    // until then, so that the client's repeat is answered `409`, then replayed.
+    match detached(guard(config, inner, request, scope, key, fingerprint)).await {
+        Some(answer) => answer,
+        None => Ok(Problem::Interrupted.response()),
+    }
+}
+
+/// Claims the key, then runs the handler and stores its response (or releases the claim).
+async fn guard<S, B, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<RequestBody<B>>,
+    scope: Cow<'static, str>,
+    key: String,
+    fingerprint: Fingerprint,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
     let held = Held {
         runtime: Current::get(),
-        scope: store_scope(config.scope.as_deref(), &parts),
+        scope,
         key,
         token: new_token(),
         armed: AtomicBool::new(false),
@@ -374,7 +438,6 @@ where
         key: key.key,
     });
 
-    let request = Request::from_parts(parts, Either::Right(Full::new(body)));
     let outcome = heartbeat(config, key, token, &observe, async {
         let response = inner.call(request).await?;
         if !storable(response.status()) {
@@ -428,6 +491,40 @@ where
     };
     held.armed.store(false, Ordering::Relaxed);
     answer
+}
+
+/// Runs `work` as a task of its own on the current tokio runtime, inside the caller's
+/// [`Runtime`](crate::Runtime) scope (and, with `tracing`, its span), and waits for its output.
+/// Dropping the future this returns leaves the task running to its end. A panic in `work` is
+/// resumed here, as if `work` had run on the caller's task. `None` when the task was cancelled
+/// (its runtime shut down). Outside a tokio runtime, `work` runs in this future.
+async fn detached<F>(work: F) -> Option<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return Some(work.await);
+    };
+    let scoped = match Current::get() {
+        Current::Scoped(runtime) => Some(runtime),
+        Current::Static(_) => None,
+    };
+    let work = async move {
+        match scoped {
+            Some(runtime) => runtime.scope(work).await,
+            None => work.await,
+        }
+    };
+    #[cfg(feature = "tracing")]
+    let work = ::tracing::Instrument::in_current_span(work);
+    match handle.spawn(work).await {
+        Ok(output) => Some(output),
+        Err(error) => match error.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(_) => None,
+        },
+    }
 }
 
 /// What the handler answered, as the layer will treat it.
@@ -532,7 +629,9 @@ async fn store_record(
 }
 
 /// The key this request claims, with what releasing it needs, owned: a request dropped while it
-/// holds the claim (cancelled by the server, or its handler panicked) releases it from `drop`.
+/// holds the claim releases it from `drop`. That is a handler that panicked, a task ended by its
+/// runtime's shutdown, or, outside a tokio runtime, a request cancelled by the server; inside
+/// one, the server cancelling a request does not reach here (see [`detached`]).
 struct Held {
     config: Arc<Config>,
     runtime: Current,
@@ -1055,6 +1154,7 @@ enum Problem {
     KeyReused,
     StoreDown(Error),
     Corrupt,
+    Interrupted,
 }
 
 impl Problem {
@@ -1125,6 +1225,14 @@ impl Problem {
                 "Stored response unreadable",
                 "A response is stored for this Idempotency-Key but cannot be read back. The \
                  request was not processed again; contact the operator of this service."
+                    .to_owned(),
+            ),
+            Problem::Interrupted => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "interrupted",
+                "Request interrupted",
+                "The server stopped while it processed this request, which may or may not have \
+                 taken effect. Retry later with the same Idempotency-Key."
                     .to_owned(),
             ),
         };
