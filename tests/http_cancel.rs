@@ -1,7 +1,8 @@
 //! A client that hangs up mid-request (a client timeout) does not make its repeat run twice:
 //! once the key is claimed, the handler runs to its end and its response is stored whatever
 //! becomes of the connection, so the repeat gets `409` while the first runs, then the replay.
-//! A handler that panics still releases its claim, and its panic reaches the caller.
+//! A handler that panics still releases its claim, and its panic reaches the caller; a request
+//! whose task ends with its runtime is answered `503`.
 
 mod http_support;
 
@@ -11,6 +12,7 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use http_support::{Client, Handler, Reply, app, charge_request, ready, serve, watch_drops};
 use jobguard::http::IdempotencyLayer;
 use jobguard::{Claim, Event, MemoryStore, Runtime, Store, StoreKey};
@@ -225,4 +227,55 @@ async fn a_panicking_handler_releases_its_claim_and_the_panic_reaches_the_caller
         "the key is free again"
     );
     assert_eq!(handler.runs(), 1);
+}
+
+#[test]
+fn a_request_whose_task_ends_with_its_runtime_gets_503() {
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The runtime the request's task goes to: never driven, then shut down.
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let handler = Handler::default();
+    let mut service = app(handler.clone(), IdempotencyLayer::new(store.clone()));
+    let mut call = main.block_on(async {
+        ready(&mut service).await;
+        let mut call = Box::pin(service.call(charge_request("k-stop")));
+        // Polled once with `other` current: the layer reads the body and spawns the rest there.
+        std::future::poll_fn(|cx| {
+            let _in = other.enter();
+            match call.as_mut().poll(cx) {
+                std::task::Poll::Pending => std::task::Poll::Ready(()),
+                std::task::Poll::Ready(done) => panic!("answered without its task: {done:?}"),
+            }
+        })
+        .await;
+        call
+    });
+    other.shutdown_background();
+    main.block_on(async {
+        let answer = (&mut call).await.unwrap();
+        assert_eq!(answer.status(), 503);
+        assert_eq!(answer.headers()["retry-after"], "1");
+        assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(doc["status"], 503, "{doc}");
+        assert_eq!(doc["title"], "Request interrupted", "{doc}");
+        let detail = doc["detail"].as_str().unwrap();
+        assert!(detail.contains("same Idempotency-Key"), "{doc}");
+        assert_eq!(handler.runs(), 0, "the task never ran");
+        assert_eq!(
+            store
+                .claim(store_key("k-stop"), "probe", None, Duration::from_secs(30))
+                .await,
+            Ok(Claim::Acquired),
+            "nothing holds the key"
+        );
+    });
 }

@@ -87,11 +87,12 @@
 //! *inside* the layer (in axum, a `.layer(timeout)` before `.layer(IdempotencyLayer)`), so that
 //! the handler's `408` or `503` releases the key; a timeout outside the layer drops the
 //! response future only, as a client hanging up does. The service's future and body types must
-//! be `Send + 'static` (axum's and hyper's are), since they run in a task. Outside a tokio
-//! runtime (a service polled by some other executor) nothing is spawned: the request runs in
-//! its own future, and dropping that future releases the claim, as a cancelled job does. A
-//! server shutting down its runtime mid-request ends the task too: the claim is released, or
-//! lapses with its lease.
+//! be `Send + 'static` (axum's and hyper's are), since they run in a task. The layer is meant to
+//! run on tokio (its lease timer needs it); polled outside a tokio runtime, a request is not
+//! spawned but runs in its own future, so it gets none of this, and a dropped one leaves its
+//! claim to lapse with its lease. A server whose runtime shuts down mid-request ends the task
+//! too: the claim is released, or lapses with its lease, and a response future still waiting
+//! gets `503` with `Retry-After`.
 //!
 //! # Streaming responses
 //!
