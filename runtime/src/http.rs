@@ -8,7 +8,9 @@
 //!   [`Store`] for the TTL (default 24 hours);
 //! * a repeat gets the stored response byte for byte, with `Idempotent-Replayed: true`, and the
 //!   handler does not run;
-//! * a repeat while the first still runs gets `409 Conflict` with `Retry-After`;
+//! * a repeat while the first still runs gets `409 Conflict` with `Retry-After`, also when the
+//!   first's client hung up: the handler runs on, unstopped (see
+//!   [a client that hangs up](#a-client-that-hangs-up));
 //! * the same key with another request (method, path and query, or body) gets
 //!   `422 Unprocessable Content`;
 //! * a missing key where one is [required](IdempotencyLayer::required), or a malformed one, gets
@@ -630,9 +632,10 @@ async fn store_record(
 }
 
 /// The key this request claims, with what releasing it needs, owned: a request dropped while it
-/// holds the claim releases it from `drop`. That is a handler that panicked, a task ended by its
-/// runtime's shutdown, or, outside a tokio runtime, a request cancelled by the server; inside
-/// one, the server cancelling a request does not reach here (see [`detached`]).
+/// holds the claim releases it from `drop` (or, outside a tokio runtime, leaves it to lapse).
+/// That is a handler that panicked, a task ended by its runtime's shutdown, or a request polled
+/// outside a tokio runtime and cancelled; on a runtime, the server cancelling a request does not
+/// reach here, since the claimed part runs in a task of its own (see [`detached`]).
 struct Held {
     config: Arc<Config>,
     runtime: Current,
