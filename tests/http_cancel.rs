@@ -1,8 +1,7 @@
 //! A client that hangs up mid-request (a client timeout) does not make its repeat run twice:
 //! once the key is claimed, the handler runs to its end and its response is stored whatever
 //! becomes of the connection, so the repeat gets `409` while the first runs, then the replay.
-//! A handler that panics still releases its claim, and its panic reaches the caller; a request
-//! whose task ends with its runtime is answered `503`.
+//! A handler that panics still releases its claim, and its panic reaches the caller.
 
 mod http_support;
 
@@ -12,7 +11,6 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use http_support::{Client, Handler, Reply, app, charge_request, ready, serve, watch_drops};
 use jobguard::http::IdempotencyLayer;
 use jobguard::{Claim, Event, MemoryStore, Runtime, Store, StoreKey};
@@ -229,53 +227,53 @@ async fn a_panicking_handler_releases_its_claim_and_the_panic_reaches_the_caller
     assert_eq!(handler.runs(), 1);
 }
 
-#[test]
-fn a_request_whose_task_ends_with_its_runtime_gets_503() {
-    let main = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+/// `POST /scoped`: waits at the gate, then records whether the runtime it sees is the test's.
+#[derive(Clone)]
+struct Scoped {
+    entered: Arc<Notify>,
+    gate: Arc<tokio::sync::Semaphore>,
+    expected: Runtime,
+    saw_it: Arc<Mutex<Option<bool>>>,
+}
+
+async fn scoped(State(s): State<Scoped>) -> &'static str {
+    s.entered.notify_one();
+    s.gate.acquire().await.unwrap().forget();
+    let current = Runtime::current();
+    let same = Arc::ptr_eq(current.dead_letters(), s.expected.dead_letters());
+    *s.saw_it.lock().unwrap() = Some(same);
+    "done"
+}
+
+#[tokio::test]
+async fn a_handler_that_runs_on_after_its_request_was_dropped_keeps_its_runtime_scope() {
+    let runtime = Runtime::builder()
+        .dead_letters(jobguard::MemoryDeadLetters::new())
+        .build();
+    let store = Faulty::default();
+    let state = Scoped {
+        entered: Arc::default(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        expected: runtime.clone(),
+        saw_it: Arc::default(),
+    };
+    let mut service = Router::new()
+        .route("/scoped", post(scoped))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::new(store.clone()));
+    ready(&mut service).await;
+    let request = http::Request::post("/scoped")
+        .header("idempotency-key", "k-scope")
+        .body(Body::empty())
         .unwrap();
-    // The runtime the request's task goes to: never driven, then shut down.
-    let other = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = MemoryStore::new();
-    let handler = Handler::default();
-    let mut service = app(handler.clone(), IdempotencyLayer::new(store.clone()));
-    let mut call = main.block_on(async {
-        ready(&mut service).await;
-        let mut call = Box::pin(service.call(charge_request("k-stop")));
-        // Polled once with `other` current: the layer reads the body and spawns the rest there.
-        std::future::poll_fn(|cx| {
-            let _in = other.enter();
-            match call.as_mut().poll(cx) {
-                std::task::Poll::Pending => std::task::Poll::Ready(()),
-                std::task::Poll::Ready(done) => panic!("answered without its task: {done:?}"),
-            }
-        })
-        .await;
-        call
-    });
-    other.shutdown_background();
-    main.block_on(async {
-        let answer = (&mut call).await.unwrap();
-        assert_eq!(answer.status(), 503);
-        assert_eq!(answer.headers()["retry-after"], "1");
-        assert_eq!(answer.headers()["content-type"], "application/problem+json");
-        let body = answer.into_body().collect().await.unwrap().to_bytes();
-        let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(doc["status"], 503, "{doc}");
-        assert_eq!(doc["title"], "Request interrupted", "{doc}");
-        let detail = doc["detail"].as_str().unwrap();
-        assert!(detail.contains("same Idempotency-Key"), "{doc}");
-        assert_eq!(handler.runs(), 0, "the task never ran");
-        assert_eq!(
-            store
-                .claim(store_key("k-stop"), "probe", None, Duration::from_secs(30))
-                .await,
-            Ok(Claim::Acquired),
-            "nothing holds the key"
-        );
-    });
+    let mut running = Box::pin(runtime.scope(service.call(request)));
+    tokio::select! {
+        done = &mut running => panic!("the gated handler answered: {done:?}"),
+        () = state.entered.notified() => {}
+    }
+    // Dropped outside the scope: the handler goes on in a task, in the scope it started in.
+    drop(running);
+    state.gate.add_permits(1);
+    within("the response to be stored", store.completed.notified()).await;
+    assert_eq!(*state.saw_it.lock().unwrap(), Some(true));
 }

@@ -73,28 +73,27 @@
 //!
 //! # A client that hangs up
 //!
-//! Once the key is claimed, the handler runs, and its response is buffered and stored, in a
-//! task of its own (spawned on the tokio runtime, in the caller's [`Runtime`](crate::Runtime)
-//! scope and, with `tracing`, its span), which the layer's response future awaits. The request
-//! body was read whole before the claim, so the handler no longer needs the connection. When
-//! the client hangs up (times out) mid-request, the server drops that response future, and
-//! nothing changes: the handler runs to its end, the key stays held (its lease renewed) until
-//! the response is stored, and the client's repeat with the same key gets `409` with
-//! `Retry-After` while the first still runs, then the stored response. This is Stripe's rule,
-//! a result is saved once the endpoint began executing: a client that gives up cannot tell
-//! whether the effect took place, and its repeat must not make it twice.
+//! From the claim on, a request runs to its end: the claim, the handler, and the buffering and
+//! storing of its response. The request body was read whole before the claim, so the handler
+//! no longer needs the connection. When the client hangs up (times out) mid-request, hyper drops
+//! the layer's response future; the layer then hands the unfinished request to a task of its
+//! own on the tokio runtime (in the [`Runtime`](crate::Runtime) scope, and with `tracing` the
+//! span, it started in), and nothing else changes: the handler runs to its end, the key stays
+//! held (its lease renewed) until the response is stored, and the client's repeat with the same
+//! key gets `409` with `Retry-After` while the first still runs, then the stored response. This
+//! is Stripe's rule, a result is saved once the endpoint began executing: a client that gives up
+//! cannot tell whether the effect took place, and its repeat must not make it twice. A request
+//! that is not dropped is polled in place as any future, and costs no task.
 //!
 //! There is no opt-out: stopping a handler because its client left is what made a repeat run
 //! twice. A handler that must not run on and on needs a deadline of its own: put a timeout
 //! *inside* the layer (in axum, a `.layer(timeout)` before `.layer(IdempotencyLayer)`), so that
 //! the handler's `408` or `503` releases the key; a timeout outside the layer drops the
 //! response future only, as a client hanging up does. The service's future and body types must
-//! be `Send + 'static` (axum's and hyper's are), since they run in a task. The layer is meant to
-//! run on tokio (its lease timer needs it); polled outside a tokio runtime, a request is not
-//! spawned but runs in its own future, so it gets none of this, and a dropped one leaves its
-//! claim to lapse with its lease. A server whose runtime shuts down mid-request ends the task
-//! too: the claim is released, or lapses with its lease, and a response future still waiting
-//! gets `503` with `Retry-After`.
+//! be `Send + 'static` (axum's and hyper's are), since they may run in a task. The layer is
+//! meant to run on tokio (its lease timer needs it): a request dropped outside a tokio runtime
+//! has nowhere to run on, and its claim lapses with its lease. A server whose runtime shuts
+//! down mid-request ends the task too: the claim is released, or lapses with its lease.
 //!
 //! # Streaming responses
 //!
@@ -109,7 +108,7 @@
 use crate::Error;
 use crate::idempotency::{new_token, release};
 use crate::observe::{Event, log_error};
-use crate::runtime::Current;
+use crate::runtime::{Current, Runtime};
 use crate::store::{Claim, Store, StoreKey};
 use ::http::request::Parts;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -368,13 +367,10 @@ where
     let fingerprint = Fingerprint::of(&parts, &body);
     let scope = store_scope(config.scope.as_deref(), &parts);
     let request = Request::from_parts(parts, Either::Right(Full::new(body)));
-    // From the claim on, the request runs as a task of its own: the server dropping this future
-    // (the client hung up) leaves the handler running and its response stored, and the key held
-    // until then, so that the client's repeat is answered `409`, then replayed.
-    match detached(guard(config, inner, request, scope, key, fingerprint)).await {
-        Some(answer) => answer,
-        None => Ok(Problem::Interrupted.response()),
-    }
+    // From the claim on, the request runs to its end: the server dropping this future (the
+    // client hung up) hands it to a task, which runs the handler, stores its response and holds
+    // the key until then, so that the client's repeat is answered `409`, then replayed.
+    Detach::new(guard(config, inner, request, scope, key, fingerprint)).await
 }
 
 /// Claims the key, then runs the handler and stores its response (or releases the claim).
@@ -496,37 +492,92 @@ where
     answer
 }
 
-/// Runs `work` as a task of its own on the current tokio runtime, inside the caller's
-/// [`Runtime`](crate::Runtime) scope (and, with `tracing`, its span), and waits for its output.
-/// Dropping the future this returns leaves the task running to its end. A panic in `work` is
-/// resumed here, as if `work` had run on the caller's task. `None` when the task was cancelled
-/// (its runtime shut down). Outside a tokio runtime, `work` runs in this future.
-async fn detached<F>(work: F) -> Option<F::Output>
+/// The claimed part of a request (claim, handler, storing), polled in place like any future, and
+/// handed to a task of its own if it is dropped before it ends: a server that gives up on the
+/// request (the client hung up) does not stop it. Only a drop spawns, so a request that runs to
+/// its end costs no task. The task runs in the [`Runtime`](crate::Runtime) scope (and, with
+/// `tracing`, the span) the request was polled in.
+struct Detach<F: Future + Send + 'static>
 where
-    F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return Some(work.await);
-    };
-    let scoped = match Current::get() {
-        Current::Scoped(runtime) => Some(runtime),
-        Current::Static(_) => None,
-    };
-    let work = async move {
-        match scoped {
-            Some(runtime) => runtime.scope(work).await,
-            None => work.await,
-        }
-    };
+    /// The work, until it ends.
+    work: Option<Pin<Box<F>>>,
+    /// The runtime scope the work was started in, if any.
+    scoped: Option<Runtime>,
     #[cfg(feature = "tracing")]
-    let work = ::tracing::Instrument::in_current_span(work);
-    match handle.spawn(work).await {
-        Ok(output) => Some(output),
-        Err(error) => match error.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(_) => None,
-        },
+    span: ::tracing::Span,
+    /// Set while the work is polled: still set at a drop when the poll panicked, and the work,
+    /// unwound halfway, must not be polled again.
+    polling: bool,
+}
+
+impl<F: Future + Send + 'static> Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    fn new(work: F) -> Self {
+        Detach {
+            work: Some(Box::pin(work)),
+            scoped: match Current::get() {
+                Current::Scoped(runtime) => Some(runtime),
+                Current::Static(_) => None,
+            },
+            #[cfg(feature = "tracing")]
+            span: ::tracing::Span::current(),
+            polling: false,
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let Some(work) = this.work.as_mut() else {
+            // Polled after it ended: there is nothing more to give.
+            return Poll::Pending;
+        };
+        this.polling = true;
+        let poll = work.as_mut().poll(cx);
+        this.polling = false;
+        if poll.is_ready() {
+            this.work = None;
+        }
+        poll
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        // A panic in the handler: the work is dropped here, and releases its claim, as the panic
+        // goes on. Outside a tokio runtime there is nowhere to run it: dropped, its claim lapses.
+        if self.polling {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let scoped = self.scoped.take();
+        let task = async move {
+            match scoped {
+                Some(runtime) => drop(runtime.scope(work).await),
+                None => drop(work.await),
+            }
+        };
+        #[cfg(feature = "tracing")]
+        let task = ::tracing::Instrument::instrument(task, self.span.clone());
+        drop(handle.spawn(task));
     }
 }
 
@@ -635,7 +686,7 @@ async fn store_record(
 /// holds the claim releases it from `drop` (or, outside a tokio runtime, leaves it to lapse).
 /// That is a handler that panicked, a task ended by its runtime's shutdown, or a request polled
 /// outside a tokio runtime and cancelled; on a runtime, the server cancelling a request does not
-/// reach here, since the claimed part runs in a task of its own (see [`detached`]).
+/// reach here, since the claimed part runs in a task of its own (see [`Detach`]).
 struct Held {
     config: Arc<Config>,
     runtime: Current,
@@ -1158,7 +1209,6 @@ enum Problem {
     KeyReused,
     StoreDown(Error),
     Corrupt,
-    Interrupted,
 }
 
 impl Problem {
@@ -1229,14 +1279,6 @@ impl Problem {
                 "Stored response unreadable",
                 "A response is stored for this Idempotency-Key but cannot be read back. The \
                  request was not processed again; contact the operator of this service."
-                    .to_owned(),
-            ),
-            Problem::Interrupted => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "interrupted",
-                "Request interrupted",
-                "The server stopped while it processed this request, which may or may not have \
-                 taken effect. Retry later with the same Idempotency-Key."
                     .to_owned(),
             ),
         };
