@@ -77,7 +77,7 @@
 //! storing of its response. The request body was read whole before the claim, so the handler
 //! no longer needs the connection. When the client hangs up (times out) mid-request, hyper drops
 //! the layer's response future; the layer then hands the unfinished request to a task of its
-//! own on the tokio runtime (in the [`Runtime`](crate::Runtime) scope, and with `tracing` the
+//! own on the tokio runtime (in the [`Runtime`] scope, and with `tracing` the
 //! span, it started in), and nothing else changes: the handler runs to its end, the key stays
 //! held (its lease renewed) until the response is stored, and the client's repeat with the same
 //! key gets `409` with `Retry-After` while the first still runs, then the stored response. This
@@ -495,7 +495,7 @@ where
 /// The claimed part of a request (claim, handler, storing), polled in place like any future, and
 /// handed to a task of its own if it is dropped before it ends: a server that gives up on the
 /// request (the client hung up) does not stop it. Only a drop spawns, so a request that runs to
-/// its end costs no task. The task runs in the [`Runtime`](crate::Runtime) scope (and, with
+/// its end costs no task. The task runs in the [`Runtime`] scope (and, with
 /// `tracing`, the span) the request was polled in.
 struct Detach<F: Future + Send + 'static>
 where
