@@ -8,7 +8,9 @@
 //!   [`Store`] for the TTL (default 24 hours);
 //! * a repeat gets the stored response byte for byte, with `Idempotent-Replayed: true`, and the
 //!   handler does not run;
-//! * a repeat while the first still runs gets `409 Conflict` with `Retry-After`;
+//! * a repeat while the first still runs gets `409 Conflict` with `Retry-After`, also when the
+//!   first's client hung up: the handler runs on, unstopped (see
+//!   [a client that hangs up](#a-client-that-hangs-up));
 //! * the same key with another request (method, path and query, or body) gets
 //!   `422 Unprocessable Content`;
 //! * a missing key where one is [required](IdempotencyLayer::required), or a malformed one, gets
@@ -66,13 +68,47 @@
 //! The service's response bodies must be [`Unpin`] (axum's and hyper's are).
 //!
 //! The lease on the key is renewed every third of [`lease`](IdempotencyLayer::lease) while the
-//! handler runs. A request whose future is dropped before it ends (the server cancelled it), or
-//! whose handler panicked, releases it.
+//! handler runs. A handler that panics releases it, and the panic reaches the server as if the
+//! layer were not there.
+//!
+//! # A client that hangs up
+//!
+//! From the claim on, a request runs to its end: the claim, the handler, and the buffering and
+//! storing of its response. The request body was read whole before the claim, so the handler
+//! no longer needs the connection. When the client hangs up (times out) mid-request, hyper drops
+//! the layer's response future; the layer then hands the unfinished request to a task of its
+//! own on the tokio runtime (in the [`Runtime`] scope, and with `tracing` the
+//! span, it started in), and nothing else changes: the handler runs to its end, the key stays
+//! held (its lease renewed) until the response is stored, and the client's repeat with the same
+//! key gets `409` with `Retry-After` while the first still runs, then the stored response. This
+//! is Stripe's rule, a result is saved once the endpoint began executing: a client that gives up
+//! cannot tell whether the effect took place, and its repeat must not make it twice. A request
+//! that is not dropped is polled in place as any future, and costs no task.
+//!
+//! There is no opt-out: stopping a handler because its client left is what made a repeat run
+//! twice. A handler that must not run on and on needs a deadline of its own: put a timeout
+//! *inside* the layer (in axum, a `.layer(timeout)` before `.layer(IdempotencyLayer)`), so that
+//! the handler's `408` or `503` releases the key; a timeout outside the layer drops the
+//! response future only, as a client hanging up does. The service's future and body types must
+//! be `Send + 'static` (axum's and hyper's are), since they may run in a task. The layer is
+//! meant to run on tokio (its lease timer needs it): a request dropped outside a tokio runtime
+//! has nowhere to run on, and its claim lapses with its lease. A server whose runtime shuts
+//! down mid-request ends the task too: the claim is released, or lapses with its lease.
+//!
+//! # Streaming responses
+//!
+//! A guarded response (a keyed request to a guarded method) is buffered whole before the client
+//! receives anything, headers included, so that it can be stored: a streaming route, such as
+//! server-sent events or a large download, sends nothing until its stream ends or passes
+//! [`max_response`](IdempotencyLayer::max_response), after which the rest streams through
+//! unstored. Do not guard such routes (leave their methods out of
+//! [`methods`](IdempotencyLayer::methods), or put the layer on the other routes only), or
+//! document that their first byte waits for the whole response.
 
 use crate::Error;
 use crate::idempotency::{new_token, release};
 use crate::observe::{Event, log_error};
-use crate::runtime::Current;
+use crate::runtime::{Current, Runtime};
 use crate::store::{Claim, Store, StoreKey};
 use ::http::request::Parts;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -223,7 +259,9 @@ impl IdempotencyLayer {
     }
 
     /// The largest response body, in bytes, buffered for storage (default 1 MiB). A larger
-    /// response is passed through whole and not stored.
+    /// response is passed through whole and not stored. The client receives nothing of a guarded
+    /// response, headers included, until it is buffered whole or passes this limit: see
+    /// [streaming responses](self#streaming-responses).
     pub fn max_response(mut self, bytes: usize) -> Self {
         self.config().max_response = bytes;
         self
@@ -254,7 +292,8 @@ impl<S> fmt::Debug for IdempotencyService<S> {
     }
 }
 
-/// The future [`IdempotencyService`] returns.
+/// The future [`IdempotencyService`] returns. Dropping it once the key is claimed does not stop
+/// the handler: see [a client that hangs up](self#a-client-that-hangs-up).
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
@@ -290,10 +329,12 @@ async fn serve<S, B, ResBody>(
     request: Request<B>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
-    B: Body<Data = Bytes>,
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     if !config.methods.contains(request.method()) {
@@ -324,9 +365,31 @@ where
     };
 
     let fingerprint = Fingerprint::of(&parts, &body);
+    let scope = store_scope(config.scope.as_deref(), &parts);
+    let request = Request::from_parts(parts, Either::Right(Full::new(body)));
+    // From the claim on, the request runs to its end: the server dropping this future (the
+    // client hung up) hands it to a task, which runs the handler, stores its response and holds
+    // the key until then, so that the client's repeat is answered `409`, then replayed.
+    Detach::new(guard(config, inner, request, scope, key, fingerprint)).await
+}
+
+/// Claims the key, then runs the handler and stores its response (or releases the claim).
+async fn guard<S, B, ResBody>(
+    config: Arc<Config>,
+    mut inner: S,
+    request: Request<RequestBody<B>>,
+    scope: Cow<'static, str>,
+    key: String,
+    fingerprint: Fingerprint,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<B>>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
     let held = Held {
         runtime: Current::get(),
-        scope: store_scope(config.scope.as_deref(), &parts),
+        scope,
         key,
         token: new_token(),
         armed: AtomicBool::new(false),
@@ -374,7 +437,6 @@ where
         key: key.key,
     });
 
-    let request = Request::from_parts(parts, Either::Right(Full::new(body)));
     let outcome = heartbeat(config, key, token, &observe, async {
         let response = inner.call(request).await?;
         if !storable(response.status()) {
@@ -428,6 +490,95 @@ where
     };
     held.armed.store(false, Ordering::Relaxed);
     answer
+}
+
+/// The claimed part of a request (claim, handler, storing), polled in place like any future, and
+/// handed to a task of its own if it is dropped before it ends: a server that gives up on the
+/// request (the client hung up) does not stop it. Only a drop spawns, so a request that runs to
+/// its end costs no task. The task runs in the [`Runtime`] scope (and, with
+/// `tracing`, the span) the request was polled in.
+struct Detach<F: Future + Send + 'static>
+where
+    F::Output: Send + 'static,
+{
+    /// The work, until it ends.
+    work: Option<Pin<Box<F>>>,
+    /// The runtime scope the work was started in, if any.
+    scoped: Option<Runtime>,
+    #[cfg(feature = "tracing")]
+    span: ::tracing::Span,
+    /// Set while the work is polled: still set at a drop when the poll panicked, and the work,
+    /// unwound halfway, must not be polled again.
+    polling: bool,
+}
+
+impl<F: Future + Send + 'static> Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    fn new(work: F) -> Self {
+        Detach {
+            work: Some(Box::pin(work)),
+            scoped: match Current::get() {
+                Current::Scoped(runtime) => Some(runtime),
+                Current::Static(_) => None,
+            },
+            #[cfg(feature = "tracing")]
+            span: ::tracing::Span::current(),
+            polling: false,
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let Some(work) = this.work.as_mut() else {
+            // Polled after it ended: there is nothing more to give.
+            return Poll::Pending;
+        };
+        this.polling = true;
+        let poll = work.as_mut().poll(cx);
+        this.polling = false;
+        if poll.is_ready() {
+            this.work = None;
+        }
+        poll
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Detach<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        // A panic in the handler: the work is dropped here, and releases its claim, as the panic
+        // goes on. Outside a tokio runtime there is nowhere to run it: dropped, its claim lapses.
+        if self.polling {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let scoped = self.scoped.take();
+        let task = async move {
+            match scoped {
+                Some(runtime) => drop(runtime.scope(work).await),
+                None => drop(work.await),
+            }
+        };
+        #[cfg(feature = "tracing")]
+        let task = ::tracing::Instrument::instrument(task, self.span.clone());
+        drop(handle.spawn(task));
+    }
 }
 
 /// What the handler answered, as the layer will treat it.
@@ -532,7 +683,10 @@ async fn store_record(
 }
 
 /// The key this request claims, with what releasing it needs, owned: a request dropped while it
-/// holds the claim (cancelled by the server, or its handler panicked) releases it from `drop`.
+/// holds the claim releases it from `drop` (or, outside a tokio runtime, leaves it to lapse).
+/// That is a handler that panicked, a task ended by its runtime's shutdown, or a request polled
+/// outside a tokio runtime and cancelled; on a runtime, the server cancelling a request does not
+/// reach here, since the claimed part runs in a task of its own (see [`Detach`]).
 struct Held {
     config: Arc<Config>,
     runtime: Current,

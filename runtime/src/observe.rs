@@ -207,7 +207,10 @@ pub enum Event<'a> {
         /// Time left on the other worker's lease.
         retry_in: Duration,
     },
-    /// The job failed (or was cancelled): its claim was released so a redelivery can run it.
+    /// The job failed (or was cancelled): its claim was released so a redelivery can run it. In
+    /// the HTTP layer: the handler panicked, or answered what is not stored (`5xx`, `408`, `429`,
+    /// a response over the storage limit); a client hanging up releases nothing, since the
+    /// handler runs on and its response is stored.
     Released {
         /// The key's namespace.
         scope: &'a str,

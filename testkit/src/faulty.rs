@@ -6,6 +6,7 @@ use jobguard::{Claim, Error, MemoryStore, Store, StoreKey};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// A `MemoryStore` whose operations can be made to fail.
 #[derive(Clone, Default)]
@@ -18,6 +19,9 @@ pub struct Faulty {
     pub complete_fails: Arc<AtomicU32>,
     /// Renewals and completions find the lease lost.
     pub lose_lease: Arc<AtomicBool>,
+    /// Notified as each completion is written, so that a test can wait for a result stored by a
+    /// task it cannot await. (A completion before the test waits leaves a permit: no race.)
+    pub completed: Arc<Notify>,
 }
 
 impl Store for Faulty {
@@ -47,7 +51,15 @@ impl Store for Faulty {
             self.complete_fails.fetch_sub(1, Ordering::SeqCst);
             return Box::pin(async { Err(Error::Store("write failed".into())) });
         }
-        self.inner.complete(key, token, record, ttl)
+        let completed = self.completed.clone();
+        let write = self.inner.complete(key, token, record, ttl);
+        Box::pin(async move {
+            let written = write.await;
+            if written.is_ok() {
+                completed.notify_one();
+            }
+            written
+        })
     }
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         self.inner.release(key, token)

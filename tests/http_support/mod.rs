@@ -35,6 +35,8 @@ pub struct Handler {
     pub status: Option<StatusCode>,
     /// The size of the body each run answers, when not the default JSON.
     pub body_len: Option<usize>,
+    /// When set, each run panics (after the gate and the work) instead of answering.
+    pub panics: bool,
 }
 
 impl Handler {
@@ -64,6 +66,9 @@ async fn charge(State(h): State<Handler>, Path(order_id): Path<String>, body: By
     }
     if !h.work.is_zero() {
         tokio::time::sleep(h.work).await;
+    }
+    if h.panics {
+        panic!("the handler panicked on run {run}");
     }
     let status = h.status.unwrap_or(StatusCode::CREATED);
     if let Some(len) = h.body_len {
@@ -106,6 +111,44 @@ pub fn app(handler: Handler, layer: IdempotencyLayer) -> Router {
 
 async fn runs(State(h): State<Handler>) -> String {
     h.runs().to_string()
+}
+
+/// `app` with a watch around each request, outside every layer: the `Notify` is notified when
+/// the server drops a request's future before it answered (the client hung up), so that a test
+/// can wait for the server to have seen the disconnect.
+pub fn watch_drops(app: Router) -> (Router, Arc<Notify>) {
+    /// Notifies `dropped` when dropped armed.
+    struct Watch {
+        dropped: Option<Arc<Notify>>,
+    }
+    impl Watch {
+        fn disarm(&mut self) {
+            self.dropped = None;
+        }
+    }
+    impl Drop for Watch {
+        fn drop(&mut self) {
+            if let Some(dropped) = self.dropped.take() {
+                dropped.notify_one();
+            }
+        }
+    }
+    let dropped = Arc::new(Notify::new());
+    let notify = dropped.clone();
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let dropped = notify.clone();
+            async move {
+                let mut watch = Watch {
+                    dropped: Some(dropped),
+                };
+                let response = next.run(request).await;
+                watch.disarm();
+                response
+            }
+        },
+    ));
+    (app, dropped)
 }
 
 /// `app` ready for [`tower::Service::call`], for a test that calls it in process, without a
