@@ -1,13 +1,16 @@
 //! A body larger than `.max_body` is `413` before the handler runs; the store unreachable is
-//! `503` and the handler does not run.
+//! `503` and the handler does not run, raising `ClaimFailed` once.
 
 mod http_support;
 
-use http_support::{Client, Handler, app, serve};
+use http_support::{Client, Handler, app, charge_request, ready, serve};
 use jobguard::http::IdempotencyLayer;
 use jobguard::store::StoreFuture;
-use jobguard::{Claim, Error, MemoryStore, Store, StoreKey};
+use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tower::Service;
 
 #[tokio::test]
 async fn a_body_larger_than_max_body_is_413_before_the_handler_runs() {
@@ -96,4 +99,29 @@ async fn the_store_unreachable_is_503_and_the_handler_does_not_run() {
             .status,
         201
     );
+}
+
+#[tokio::test]
+async fn a_claim_the_store_refuses_raises_claim_failed_once() {
+    let failed = Arc::new(AtomicUsize::new(0));
+    let seen = failed.clone();
+    let runtime = Runtime::builder()
+        .observer(move |e: &Event<'_>| {
+            if let Event::ClaimFailed { scope, key, error } = e {
+                assert_eq!((*scope, *key), ("http", "k"));
+                assert!(matches!(error, Error::Store(_)), "{error:?}");
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .build();
+    let handler = Handler::default();
+    let mut service = app(handler.clone(), IdempotencyLayer::new(Down));
+    ready(&mut service).await;
+    let response = runtime
+        .scope(service.call(charge_request("k")))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(handler.runs(), 0);
+    assert_eq!(failed.load(Ordering::SeqCst), 1);
 }

@@ -430,7 +430,14 @@ where
             return Ok(Problem::InProgress.response());
         }
         Ok(Claim::KeyReused) => return Ok(Problem::KeyReused.response()),
-        Err(e) => return Ok(Problem::StoreDown(e).response()),
+        Err(e) => {
+            observe(Event::ClaimFailed {
+                scope: key.scope,
+                key: key.key,
+                error: &e,
+            });
+            return Ok(Problem::StoreDown(e).response());
+        }
     }
     observe(Event::Claimed {
         scope: key.scope,
