@@ -269,7 +269,7 @@ pub mod __private {
     pub use crate::retry::{Payload, Retry, Spec, breaker, sink};
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
-    pub use crate::store::postgres::{PgStore, savepoint};
+    pub use crate::store::postgres::{PgStore, Savepoint};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
     #[cfg(feature = "postgres")]
