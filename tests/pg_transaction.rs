@@ -596,7 +596,7 @@ async fn a_store_claim_whose_lease_lapsed_is_taken_over_in_a_transaction_before_
         assert!(ran.is_ok(), "{key}: {ran:?}");
         assert_eq!(effects(&pool, key).await, 1, "{key}");
         let (generation, crashes, expires_in_hours): (i64, i32, f64) = sqlx::query_as(
-            "SELECT generation, crashes, extract(epoch FROM expires_at - now()) / 3600 \
+            "SELECT generation, crashes, (extract(epoch FROM expires_at - now()) / 3600)::float8 \
              FROM jobguard_keys WHERE scope = $1 AND key = $2 AND token IS NULL \
              AND result IS NOT NULL",
         )
