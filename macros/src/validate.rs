@@ -296,7 +296,12 @@ fn sqlx_error(func: &ItemFn) -> Option<&Type> {
         _ => None,
     })?;
     let Type::Path(e) = error else { return None };
-    let segments: Vec<String> = e.path.segments.iter().map(|s| s.ident.to_string()).collect();
+    let segments: Vec<String> = e
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
     let is_sqlx = e.qself.is_none()
         && segments.len() >= 2
         && segments.first().is_some_and(|s| s == "sqlx")

@@ -823,7 +823,9 @@ impl InTransaction<'_> {
     ///
     /// Once a statement fails inside a Postgres transaction, the transaction takes no more
     /// statements until it rolls back to a savepoint. To retry the body (a deadlock, `40P01`),
-    /// run each attempt through [`savepoint`] inside `work`:
+    /// run each attempt through [`savepoint`] inside `work`, or, with a policy that has a
+    /// `timeout`, a `budget` or `on_ok`, through one [`Savepoint`] made for the call (see its
+    /// example), which also rolls back an attempt that was cut:
     ///
     /// ```no_run
     /// # use jobguard::{PgStore, Policy};
@@ -952,7 +954,7 @@ impl Begin<'_> {
     ///   concurrent call while this one waited): the `INSERT` fails on the key's primary key,
     ///   before `work` could run, and the call reads the row in a new transaction: the stored
     ///   `Ok` value (`work` does not run), [`Error::KeyReused`], [`Error::InProgress`], or an
-    ///   expired claim taken over, and `work` runs.
+    ///   expired claim, or one whose lease lapsed, taken over, and `work` runs.
     /// * `work` succeeds: its result is written to the key row (one statement) and the
     ///   transaction commits: the body's writes, the key and the result together. A failed
     ///   commit is [`Error::Store`], and nothing of the call stays.
@@ -971,7 +973,7 @@ impl Begin<'_> {
     ///
     /// The transaction is begun with a plain `BEGIN`, at the session's default isolation level
     /// (`default_transaction_isolation`). To retry statements of `work`, wrap them in
-    /// [`savepoint`], as with [`InTransaction::run`].
+    /// [`savepoint`] or a [`Savepoint`], as with [`InTransaction::run`].
     pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
