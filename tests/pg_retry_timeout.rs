@@ -176,7 +176,7 @@ async fn when_every_attempt_is_cut_no_attempts_writes_remain_even_if_the_caller_
     let mut tx = pool.begin().await.unwrap();
     let out = POLICY
         .run("t.timeout.all", async |_attempt| {
-            savepoint(&mut *tx, async |tx| {
+            savepoint(&mut tx, async |tx| {
                 effect(&mut *tx, "all").await?;
                 tokio::time::sleep(HANG).await;
                 Ok::<_, JobError>(())
@@ -196,7 +196,7 @@ async fn when_every_attempt_is_cut_no_attempts_writes_remain_even_if_the_caller_
     let out = POLICY
         .run("t.timeout.all", async |_attempt| {
             attempts
-                .attempt(&mut *tx, async |tx| {
+                .attempt(&mut tx, async |tx| {
                     effect(&mut *tx, "all.savepoint").await?;
                     tokio::time::sleep(HANG).await;
                     Ok::<_, JobError>(())
@@ -305,7 +305,7 @@ async fn a_savepoint_for_the_call_rolls_a_cut_attempt_back_between_or_during_sta
         let done = POLICY
             .run("t.timeout.savepoint", async |_attempt| {
                 attempts
-                    .attempt(&mut *tx, async |tx| {
+                    .attempt(&mut tx, async |tx| {
                         effect(&mut *tx, key).await?;
                         if calls.fetch_add(1, Ordering::SeqCst) == 0 {
                             if in_statement {

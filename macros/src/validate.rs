@@ -470,7 +470,32 @@ fn collect_pat(pat: &Pat, names: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_transaction_type, key_root, shown};
+    use super::{is_transaction_type, key_root, shown, sqlx_error};
+
+    #[test]
+    fn sqlx_error_paths_are_recognised() {
+        let found = |ret: &str| {
+            let func: syn::ItemFn = syn::parse_str(&format!("async fn f() -> {ret} {{}}")).unwrap();
+            sqlx_error(&func).is_some()
+        };
+        for ret in [
+            "Result<u8, sqlx::Error>",
+            "Result<u8, ::sqlx::Error>",
+            "std::result::Result<(), sqlx::error::Error>",
+        ] {
+            assert!(found(ret), "{ret}");
+        }
+        for ret in [
+            "Result<u8, Error>",
+            "Result<u8, MyError>",
+            "Result<u8, my::sqlx::Error>",
+            "Result<u8, sqlx::ErrorKind>",
+            "Result<sqlx::Error, E>",
+            "Option<sqlx::Error>",
+        ] {
+            assert!(!found(ret), "{ret}");
+        }
+    }
 
     #[test]
     fn transaction_types() {
