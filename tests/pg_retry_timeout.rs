@@ -365,3 +365,72 @@ async fn an_attempt_whose_ok_is_retried_is_rolled_back_too() {
         .unwrap();
     assert_eq!(kept, [id], "only the returned attempt's row");
 }
+
+/// Left running by a cut attempt: a statement whose end the next statement waits for.
+async fn leave_a_statement_running(conn: &mut PgConnection) {
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        sqlx::query("SELECT pg_sleep(0.5)").execute(&mut *conn),
+    )
+    .await;
+    assert!(cut.is_err(), "the statement was cut");
+}
+
+/// An attempt cut while its own `SAVEPOINT` waits (here behind a statement left running, so
+/// the `SAVEPOINT` is never sent): with a `Savepoint`, the next attempt finds out that it was
+/// not made, makes it, and the call succeeds with one effect; `savepoint`, on
+/// sqlx's savepoint transaction, has sqlx roll the whole transaction back, and then fails
+/// closed: the next call is `Error::Config`, and nothing of the transaction commits.
+#[tokio::test]
+async fn an_attempt_cut_while_its_savepoint_is_made_fails_closed() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let cut = Duration::from_millis(100);
+
+    let mut tx = pool.begin().await.unwrap();
+    effect(&mut tx, "made.before").await.unwrap();
+    let mut attempts = Savepoint::new();
+    leave_a_statement_running(&mut tx).await;
+    let first = tokio::time::timeout(
+        cut,
+        attempts.attempt(&mut tx, async |tx| effect(tx, "made").await),
+    )
+    .await;
+    assert!(first.is_err(), "the first attempt was cut");
+    let second = attempts
+        .attempt(&mut tx, async |tx| effect(tx, "made").await)
+        .await;
+    let second = attempts.finish(&mut tx, second).await;
+    assert!(second.is_ok(), "{second:?}");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (
+            effects(&pool, "made.before").await,
+            effects(&pool, "made").await
+        ),
+        (1, 1)
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    effect(&mut tx, "fn.before").await.unwrap();
+    leave_a_statement_running(&mut tx).await;
+    let first =
+        tokio::time::timeout(cut, savepoint(&mut tx, async |tx| effect(tx, "fn").await)).await;
+    assert!(first.is_err(), "the first attempt was cut");
+    let second = savepoint(&mut tx, async |tx| effect(tx, "fn").await).await;
+    assert!(
+        matches!(second, Err(JobError::Guard(jobguard::Error::Config(_)))),
+        "{second:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (
+            effects(&pool, "fn.before").await,
+            effects(&pool, "fn").await
+        ),
+        (0, 0),
+        "nothing of the transaction committed"
+    );
+}

@@ -1358,7 +1358,10 @@ WHERE scope = $1 AND key = $2 AND token = $3
 ///
 /// * The first [`attempt`](Self::attempt) sends `SAVEPOINT` under a name no other `Savepoint`
 ///   of the process has (so a guarded call nested in the work, on the same connection, has its
-///   own), and marks it sent before sending it.
+///   own), with a transaction-local setting (`jobguard.<name>`) in the same message. An attempt
+///   cut while that message waits to be sent (sqlx first reads the answer of a statement an
+///   earlier cut left running) leaves the next attempt to read the setting: made, it rolls
+///   back to the savepoint; not made, it makes it.
 /// * Each later attempt starts with `ROLLBACK TO SAVEPOINT`, unless the previous one failed and
 ///   was rolled back already. So an attempt that was **cut** (its future dropped while it ran: a
 ///   per-attempt `timeout`, a `budget`, a lost `select!`) has its writes rolled back before the
@@ -1425,6 +1428,11 @@ pub struct Savepoint {
 enum SavepointState {
     /// No `SAVEPOINT` sent yet.
     Unsent,
+    /// The `SAVEPOINT` was under way when its attempt was cut: sqlx sends a statement only once
+    /// the connection has read the answers still due (those of a statement an earlier cut left
+    /// running), so it may not have been sent. Its message set a transaction-local marker
+    /// first, which the next attempt reads.
+    Unsure,
     /// Sent, and writes may have followed it (an attempt ran, or is cut).
     Dirty,
     /// Rolled back to: the transaction stands where the first attempt started.
@@ -1466,15 +1474,38 @@ impl Savepoint {
         E: crate::bounds::FromJobguard,
     {
         let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
+        if self.state == SavepointState::Unsure {
+            let marker: Option<String> = sqlx::query_scalar("SELECT current_setting($1, true)")
+                .bind(self.marker())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| fail("savepoint failed", e))?;
+            if marker.as_deref() == Some("1") {
+                self.state = SavepointState::Dirty;
+            } else {
+                self.state = SavepointState::Unsent;
+            }
+        }
         let before = self.state;
         // Marked before anything is sent: once the statement may have reached the server, a
-        // later attempt rolls back to it.
-        self.state = SavepointState::Dirty;
+        // later attempt finds out whether it did, or rolls back to it.
+        self.state = match before {
+            SavepointState::Unsent => SavepointState::Unsure,
+            _ => SavepointState::Dirty,
+        };
         match before {
-            SavepointState::Unsent => {
-                self.execute(conn, "SAVEPOINT")
-                    .await
-                    .map_err(|e| fail("savepoint failed", e))?;
+            SavepointState::Unsent | SavepointState::Unsure => {
+                // One message: the marker is set outside the savepoint, so that a rollback to
+                // it keeps the marker.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "SELECT set_config('{}', '1', true); SAVEPOINT {}",
+                    self.marker(),
+                    self.name
+                )))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| fail("savepoint failed", e))?;
+                self.state = SavepointState::Dirty;
             }
             SavepointState::Dirty => {
                 self.execute(conn, "ROLLBACK TO SAVEPOINT")
@@ -1507,7 +1538,9 @@ impl Savepoint {
         E: crate::bounds::FromJobguard,
     {
         match (&result, self.state) {
-            (_, SavepointState::Unsent) | (Err(_), SavepointState::Clean) => result,
+            // Unsure: the last attempt was cut before its work ran, so it wrote nothing.
+            (_, SavepointState::Unsent | SavepointState::Unsure)
+            | (Err(_), SavepointState::Clean) => result,
             (Ok(_), _) => {
                 self.execute(conn, "RELEASE SAVEPOINT")
                     .await
@@ -1519,6 +1552,11 @@ impl Savepoint {
                 result
             }
         }
+    }
+
+    /// The transaction-local setting that says the `SAVEPOINT` was sent.
+    fn marker(&self) -> String {
+        format!("jobguard.{}", self.name)
     }
 
     async fn execute(&self, conn: &mut PgConnection, verb: &str) -> Result<(), sqlx::Error> {
