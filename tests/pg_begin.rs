@@ -650,3 +650,57 @@ fn killed_worker() {
         unreachable!("killed before the commit");
     });
 }
+
+/// A `BEGIN` sent as SQL, which sqlx does not count (`is_in_transaction()` is false): jobguard
+/// does not begin (and later commit) inside it. The call is `Error::Config` before the body
+/// runs, and the caller's transaction is rolled back, so neither its `ROLLBACK` nor a `COMMIT`
+/// it sends anyway commits anything of it.
+#[tokio::test]
+async fn a_begin_sent_as_sql_is_refused_and_nothing_of_its_transaction_commits() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let (_store, pool) = setup(&server).await;
+    for (key, attribute, end) in [
+        ("raw.begin", false, "ROLLBACK"),
+        ("raw.attribute", true, "ROLLBACK"),
+        ("raw.commit", false, "COMMIT"),
+    ] {
+        let mut conn = pool.acquire().await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+        sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+            .bind(key)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        assert!(!conn.is_in_transaction(), "sqlx does not count it");
+        let out = if attribute {
+            attributed(&mut conn, key).await
+        } else {
+            PgStore::begin(&mut conn, SCOPE, key)
+                .run(async |tx| effect(tx, key, "raw").await)
+                .await
+        };
+        match &out {
+            Err(JobError::Guard(jobguard::Error::Config(why))) => {
+                assert!(why.contains("PgStore::in_transaction"), "{why}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+        sqlx::raw_sql(end).execute(&mut *conn).await.unwrap();
+        let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = $1")
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(orders, 0, "{key}: the caller's own write was committed");
+        assert_eq!(effects(&pool, key).await, 0, "{key}: the body ran");
+        assert!(!key_row(&pool, key).await, "{key}: the key was committed");
+        // The connection is usable again, outside any transaction.
+        assert_eq!(
+            deliver(&pool, key, "after").await.map(|_| ()).ok(),
+            Some(())
+        );
+        assert_eq!(effects(&pool, key).await, 1);
+    }
+}

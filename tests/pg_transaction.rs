@@ -549,3 +549,75 @@ async fn a_store_claim_that_lapsed_and_was_taken_over_in_a_transaction_replays_i
     assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
     assert_eq!(effects(&pool, "abandoned").await, 1);
 }
+
+/// A `Store`-form claim whose lease lapsed while its row has most of its TTL left (its worker
+/// died a moment ago): the transactional forms take it over at once, as the `Store` form does,
+/// instead of answering `InProgress` until the row expires. One more generation fences the dead
+/// worker's token off, and its crash is counted.
+#[tokio::test]
+async fn a_store_claim_whose_lease_lapsed_is_taken_over_in_a_transaction_before_its_ttl() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let (store, pool) = setup(&server).await;
+    for (key, begin) in [("lapsed.in", false), ("lapsed.begin", true)] {
+        let k = StoreKey { scope: SCOPE, key };
+        let lease = Duration::from_millis(100);
+        let claimed = store.claim_with(k, "dead", ClaimOptions::new(lease)).await;
+        assert!(
+            matches!(claimed, Ok(Claimed::Acquired { generation: 1, .. })),
+            "{claimed:?}"
+        );
+        // The worker dies; the server waits, on its own clock, until the lease has lapsed.
+        let (scope, stored) = PgStore::row_key(k);
+        sqlx::query(
+            "SELECT pg_sleep(greatest(0, extract(epoch FROM lease_ends_at - clock_timestamp()))) \
+             FROM jobguard_keys WHERE scope = $1 AND key = $2",
+        )
+        .bind(&*scope)
+        .bind(&*stored)
+        .execute(&pool)
+        .await
+        .unwrap();
+        let ran = if begin {
+            let mut conn = pool.acquire().await.unwrap();
+            PgStore::begin(&mut conn, SCOPE, key)
+                .run(async |tx| {
+                    sqlx::query("INSERT INTO effects (key, worker) VALUES ($1, 'begin')")
+                        .bind(key)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, JobError>(1)
+                })
+                .await
+        } else {
+            deliver(&pool, key, "tx").await
+        };
+        assert!(ran.is_ok(), "{key}: {ran:?}");
+        assert_eq!(effects(&pool, key).await, 1, "{key}");
+        let (generation, crashes, expires_in_hours): (i64, i32, f64) = sqlx::query_as(
+            "SELECT generation, crashes, (extract(epoch FROM expires_at - now()) / 3600)::float8 \
+             FROM jobguard_keys WHERE scope = $1 AND key = $2 AND token IS NULL \
+             AND result IS NOT NULL",
+        )
+        .bind(&*scope)
+        .bind(&*stored)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!((generation, crashes), (2, 1), "{key}");
+        assert!(expires_in_hours > 23.0, "{key}: completed for the TTL");
+        // The dead worker's token is fenced off; the store form replays the committed result.
+        assert_eq!(
+            store
+                .complete(k, "dead", b"{}", Duration::from_secs(60))
+                .await,
+            Err(jobguard::Error::LeaseLost)
+        );
+        let replay = store.claim(k, "t", None, lease).await;
+        assert!(
+            matches!(replay, Ok(Claim::Completed(_))),
+            "{key}: {replay:?}"
+        );
+    }
+}

@@ -271,15 +271,17 @@ fn expand(
             body,
         ),
         (Some(r), Some(i)) => {
-            // In a transaction, each attempt runs in a savepoint that a failed one rolls back.
+            // In a transaction, the attempts share one savepoint, made before the loop: each
+            // later attempt starts by rolling back to it (an earlier one may have been cut by a
+            // timeout, its writes still there), and it is released after the loop.
             let body = match &i.transaction {
                 Some(tx) => {
                     let stmts = attempt_stmts(&block, ret);
                     // On the return type, where `Idempotent`'s own bounds are reported: a missing
                     // `From<jobguard::Error>` is one error.
-                    let savepoint = respanned(&quote!(#krate::__private::savepoint), ret.span());
+                    let attempt = Ident::new("attempt", ret.span());
                     quote_spanned! {ret.span()=>
-                        #savepoint(
+                        __jobguard_savepoint.#attempt(
                             &mut *#tx,
                             async |#tx: &mut #krate::__private::PgConnection| { #stmts },
                         )
@@ -288,6 +290,21 @@ fn expand(
                 None => body,
             };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
+            let inner = match &i.transaction {
+                Some(tx) => {
+                    let savepoint = respanned(&quote!(#krate::__private::Savepoint), ret.span());
+                    let finish = Ident::new("finish", ret.span());
+                    let done = quote_spanned! {ret.span()=>
+                        __jobguard_savepoint.#finish(&mut *#tx, __jobguard_done).await
+                    };
+                    quote! {
+                        let mut __jobguard_savepoint = #savepoint::new();
+                        let __jobguard_done = { #inner };
+                        #done
+                    }
+                }
+                None => inner,
+            };
             // The crash letter goes where the job's other letters go, with the same payload.
             let letters = Letters {
                 sink: r.dead_letter.is_some(),
@@ -698,7 +715,8 @@ impl Scope {
 // it replaces them with one error in words, instead of rustc's "not found in `__private`".
 //
 // The body sees `tx` as the `&mut PgConnection` the call hands back, whichever of the two types
-// the parameter has. With `#[retry]`, the work is the retry loop, each attempt in a savepoint.
+// the parameter has. With `#[retry]`, the work is the retry loop, its attempts in one savepoint
+// (`__private::Savepoint`) made before the loop and ended after it.
 fn transaction_call(
     i: &IdempotentArgs,
     krate: &TokenStream,

@@ -90,6 +90,18 @@ const CASES: &[Case] = &[
         "#,
     },
     Case {
+        name: "transaction_retry",
+        kind: Kind::Idempotent,
+        args: r#"key = transfer.id, transaction = tx"#,
+        item: r#"
+            #[retry(attempts = 3, timeout = "2s")]
+            async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<i64, LedgerError> {
+                debit(&mut *tx, transfer).await?;
+                credit(&mut *tx, transfer).await
+            }
+        "#,
+    },
+    Case {
         name: "idempotent_retry",
         kind: Kind::Idempotent,
         args: r#"key = order_id"#,

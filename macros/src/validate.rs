@@ -258,6 +258,55 @@ pub(crate) fn idempotent(
     if let Some(tx) = &args.transaction {
         transaction(func, args, tx, errors);
     }
+    if let Some(error) = sqlx_error(func) {
+        // The whole path, not only its first segment.
+        errors.push(syn::Error::new_spanned(error, SQLX_ERROR));
+    }
+}
+
+/// `sqlx::Error` cannot be the error of an `#[idempotent]` function: rustc would report its
+/// blanket `From<T: DatabaseError>` ("`jobguard::Error: DatabaseError` is not satisfied")
+/// instead of the missing `From<jobguard::Error>`.
+const SQLX_ERROR: &str = "`sqlx::Error` cannot carry jobguard's own errors (a key reused, the \
+    database unreachable), which `#[idempotent]` returns in the job's error type; return your own \
+    error type with `From<sqlx::Error>` and `From<jobguard::Error>`, such as\n\
+    \n\
+    #[derive(Debug)]\n\
+    enum JobError { Db(sqlx::Error), Guard(jobguard::Error) }\n\
+    impl From<sqlx::Error> for JobError { fn from(e: sqlx::Error) -> Self { JobError::Db(e) } }\n\
+    impl From<jobguard::Error> for JobError { fn from(e: jobguard::Error) -> Self { JobError::Guard(e) } }";
+
+/// The error type of `func`'s `Result<T, E>` when it is written as a path ending in
+/// `sqlx::Error` (`sqlx::Error`, `::sqlx::Error`, `sqlx::error::Error`). An `Error` imported
+/// from sqlx under its bare name cannot be told from another.
+fn sqlx_error(func: &ItemFn) -> Option<&Type> {
+    let syn::ReturnType::Type(_, ret) = &func.sig.output else {
+        return None;
+    };
+    let Type::Path(p) = &**ret else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let error = args.args.iter().nth(1).and_then(|a| match a {
+        syn::GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })?;
+    let Type::Path(e) = error else { return None };
+    let segments: Vec<String> = e
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    let is_sqlx = e.qself.is_none()
+        && segments.len() >= 2
+        && segments.first().is_some_and(|s| s == "sqlx")
+        && segments.last().is_some_and(|s| s == "Error");
+    is_sqlx.then_some(error)
 }
 
 /// `transaction = tx`: `tx` is a parameter of type `&mut PgConnection` or
@@ -421,7 +470,32 @@ fn collect_pat(pat: &Pat, names: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_transaction_type, key_root, shown};
+    use super::{is_transaction_type, key_root, shown, sqlx_error};
+
+    #[test]
+    fn sqlx_error_paths_are_recognised() {
+        let found = |ret: &str| {
+            let func: syn::ItemFn = syn::parse_str(&format!("async fn f() -> {ret} {{}}")).unwrap();
+            sqlx_error(&func).is_some()
+        };
+        for ret in [
+            "Result<u8, sqlx::Error>",
+            "Result<u8, ::sqlx::Error>",
+            "std::result::Result<(), sqlx::error::Error>",
+        ] {
+            assert!(found(ret), "{ret}");
+        }
+        for ret in [
+            "Result<u8, Error>",
+            "Result<u8, MyError>",
+            "Result<u8, my::sqlx::Error>",
+            "Result<u8, sqlx::ErrorKind>",
+            "Result<sqlx::Error, E>",
+            "Option<sqlx::Error>",
+        ] {
+            assert!(!found(ret), "{ret}");
+        }
+    }
 
     #[test]
     fn transaction_types() {

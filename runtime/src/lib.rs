@@ -49,7 +49,7 @@
 //!   `observe`.
 //! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
 //!   import `observe`, `record`, `classify`, `bounds`, `attempt` (to settle a runner's
-//!   delivery), `error`; the Redis sink
+//!   delivery, and for `savepoint`'s attempt number), `error`; the Redis sink
 //!   shares the Redis store's connection settings and its one TLS crypto-provider installer.
 //!   `store::record` holds the stored form of a result and the claim token, which
 //!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share; `store` holds the
@@ -207,7 +207,11 @@ pub use jobguard_macros::retry;
 /// `&mut sqlx::Transaction<'_, Postgres>`: the key is claimed in that transaction with
 /// [`PgStore::in_transaction`](crate::store::postgres::PgStore::in_transaction), the body's writes
 /// and the result go in it, and the caller commits. Inside the body `tx` is the transaction's
-/// `&mut PgConnection`; with `#[retry]` each attempt runs in a savepoint. Called with a
+/// `&mut PgConnection`; with `#[retry]` the attempts share one
+/// [`Savepoint`](crate::store::postgres::Savepoint), which each later attempt rolls back to, so
+/// a failed attempt, one cut by `timeout` and one whose `Ok` was retried leave no writes.
+/// A job whose error type is written `sqlx::Error` is a compile error in words: it cannot
+/// carry jobguard's own errors. Called with a
 /// `&mut PgConnection` outside any transaction (a pool connection), the function gets a
 /// transaction of its own, begun with the claim in the same round trip and committed after the
 /// result ([`PgStore::begin`](crate::store::postgres::PgStore::begin)): one round trip beyond
@@ -269,7 +273,7 @@ pub mod __private {
     pub use crate::retry::{Payload, Retry, Spec, breaker, sink};
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
-    pub use crate::store::postgres::{PgStore, savepoint};
+    pub use crate::store::postgres::{PgStore, Savepoint};
     pub use core::ops::ControlFlow;
     pub use core::time::Duration;
     #[cfg(feature = "postgres")]

@@ -790,7 +790,10 @@ impl InTransaction<'_> {
     ///   with the same key, in another transaction, waits on that row until this transaction
     ///   ends: after a commit it replays the committed result, after a rollback it runs.
     /// * Completed and committed before: the stored `Ok` value, and `work` is not run.
-    /// * Held by a live claim of the [`Store`] form: [`Error::InProgress`].
+    /// * Held by a live claim of the [`Store`] form: [`Error::InProgress`]. A claim of that form
+    ///   whose lease lapsed (its worker died) is taken over, as the `Store` form's next claim
+    ///   takes it: one more generation, so the lapsed claim's token can neither complete nor
+    ///   release the key, and one more crash counted.
     /// * `work` succeeds: its result is written to the key row and returned. Two statements in
     ///   all on this path: the insert and the result's update.
     /// * `work` fails: the key row is deleted if the transaction still takes statements, and the
@@ -820,7 +823,9 @@ impl InTransaction<'_> {
     ///
     /// Once a statement fails inside a Postgres transaction, the transaction takes no more
     /// statements until it rolls back to a savepoint. To retry the body (a deadlock, `40P01`),
-    /// run each attempt through [`savepoint`] inside `work`:
+    /// run each attempt through [`savepoint`] inside `work`, or, with a policy that has a
+    /// `timeout`, a `budget` or `on_ok`, through one [`Savepoint`] made for the call (see its
+    /// example), which also rolls back an attempt that was cut:
     ///
     /// ```no_run
     /// # use jobguard::{PgStore, Policy};
@@ -949,7 +954,7 @@ impl Begin<'_> {
     ///   concurrent call while this one waited): the `INSERT` fails on the key's primary key,
     ///   before `work` could run, and the call reads the row in a new transaction: the stored
     ///   `Ok` value (`work` does not run), [`Error::KeyReused`], [`Error::InProgress`], or an
-    ///   expired claim taken over, and `work` runs.
+    ///   expired claim, or one whose lease lapsed, taken over, and `work` runs.
     /// * `work` succeeds: its result is written to the key row (one statement) and the
     ///   transaction commits: the body's writes, the key and the result together. A failed
     ///   commit is [`Error::Store`], and nothing of the call stays.
@@ -957,12 +962,18 @@ impl Begin<'_> {
     /// * A statement of jobguard's fails (database unreachable): [`Error::Store`], and `work`
     ///   does not run or its writes are rolled back.
     ///
+    /// * The connection is in a transaction that sqlx did not begin (a `BEGIN` sent as SQL,
+    ///   which `is_in_transaction()` does not count): the server's own state is checked in the
+    ///   `BEGIN`'s message, the call is [`Error::Config`], `work` does not run, and that
+    ///   transaction is rolled back instead of being committed by jobguard. Begin it through
+    ///   sqlx and use [`PgStore::in_transaction`].
+    ///
     /// If the future is dropped while `work` runs, sqlx rolls the transaction back before the
     /// connection's next use (a pool connection: when it returns to the pool).
     ///
     /// The transaction is begun with a plain `BEGIN`, at the session's default isolation level
     /// (`default_transaction_isolation`). To retry statements of `work`, wrap them in
-    /// [`savepoint`], as with [`InTransaction::run`].
+    /// [`savepoint`] or a [`Savepoint`], as with [`InTransaction::run`].
     pub async fn run<T, E, F>(self, work: F) -> Result<T, E>
     where
         F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
@@ -996,6 +1007,8 @@ impl Begin<'_> {
             Ok(tx) => return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await,
             // sqlx has queued the ROLLBACK; it goes out with the next statement.
             Err(e) if is_key_conflict(&e) => {}
+            // sqlx has queued the ROLLBACK here too: the caller's transaction ends with it.
+            Err(e) if is_nested_begin(&e) => return Err(E::from(nested_begin_error())),
             Err(e) => return Err(fail("claim failed", e)),
         }
         // The slow path: the key's row is committed. A completed row or a live claim is read
@@ -1010,7 +1023,14 @@ impl Begin<'_> {
             Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
             Err(e) => return Err(at_key(e)),
         }
-        let mut tx = conn.begin().await.map_err(|e| fail("claim failed", e))?;
+        // The ROLLBACK sqlx queued ended the fast path's transaction; the check is repeated all
+        // the same, so that this BEGIN cannot join a transaction sqlx does not know of either.
+        let begin = sqlx::AssertSqlSafe(format!("BEGIN; {NOT_NESTED}"));
+        let mut tx = match conn.begin_with(begin).await {
+            Ok(tx) => tx,
+            Err(e) if is_nested_begin(&e) => return Err(E::from(nested_begin_error())),
+            Err(e) => return Err(fail("claim failed", e)),
+        };
         let found = match claim_in(&mut tx, &scope, &stored, &token, fingerprint).await {
             Ok(Found::Acquired) => {
                 return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await;
@@ -1059,6 +1079,35 @@ where
     }
 }
 
+/// Sent after the fast path's `BEGIN`, in the same message: every statement of one simple-query
+/// message has that message's `statement_timestamp()`, and a transaction begun by it has it as
+/// its `now()`. A transaction begun by an earlier message (a `BEGIN` the caller sent as SQL,
+/// which sqlx does not count, so `is_in_transaction()` is false) started before, and the `BEGIN`
+/// here only warns: the block then fails, before the claim, so that jobguard does not commit the
+/// caller's transaction.
+const NOT_NESTED: &str = "DO $jobguard$ BEGIN IF now() <> statement_timestamp() THEN \
+     RAISE EXCEPTION 'jobguard: the connection is already in a transaction' \
+     USING ERRCODE = '25001'; END IF; END $jobguard$;";
+
+/// Whether `e` is [`NOT_NESTED`]'s error: the connection was in a transaction sqlx did not begin.
+fn is_nested_begin(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some("25001")
+            && db.message().starts_with("jobguard: "))
+}
+
+/// The error [`Begin::run`] gives for a connection in a transaction that sqlx did not begin.
+fn nested_begin_error() -> Error {
+    Error::Config(
+        "PgStore::begin (or #[idempotent(transaction = ..)] given a connection sqlx sees outside \
+         a transaction) found the connection inside a transaction begun without sqlx (a BEGIN \
+         sent as SQL), which it would have committed; that transaction is rolled back and the \
+         job did not run. Begin the transaction through sqlx (pool.begin(), conn.begin()) and \
+         pass it: PgStore::in_transaction(&mut tx, ..), or the function's `&mut tx`"
+            .into(),
+    )
+}
+
 /// Whether `e` is the claim's `INSERT` meeting the key's committed row.
 fn is_key_conflict(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db)
@@ -1087,8 +1136,10 @@ fn begin_claim_sql(
     let mut sql = String::with_capacity(
         200 + 2 * (scope.len() + key.len() + token.len() + fingerprint.map_or(0, str::len)),
     );
+    sql.push_str("BEGIN; ");
+    sql.push_str(NOT_NESTED);
     sql.push_str(
-        "BEGIN; INSERT INTO jobguard_keys (scope, key, token, fingerprint, result, expires_at) \
+        " INSERT INTO jobguard_keys (scope, key, token, fingerprint, result, expires_at) \
          VALUES (",
     );
     text(&mut sql, scope);
@@ -1152,7 +1203,7 @@ enum Found {
 enum Seen {
     /// No row: deleted since the insert met it.
     Gone,
-    /// Expired: free to take over.
+    /// Free to take over: expired, released, or a claim whose lease lapsed.
     Expired,
     /// Completed, held by a live claim, or holding another fingerprint.
     Live(Found),
@@ -1230,7 +1281,7 @@ async fn claim_in(
             Seen::Live(found) => return Ok(found),
             Seen::Expired => {}
         }
-        let taken = sqlx::query(TAKE_OVER_IN)
+        let taken = sqlx::query(TAKE_OVER_IN.as_str())
             .bind(scope)
             .bind(key)
             .bind(token)
@@ -1257,9 +1308,11 @@ RETURNING 1
 "#;
 
 // $1 scope, $2 key, $3 fingerprint.
-// A released row (neither token nor result, not poisoned; left by the `Store` form) is free.
+// A released row (neither token nor result, not poisoned; left by the `Store` form) is free, and
+// so is a claim whose lease lapsed (the `Store` form's worker died), as `CLAIM` takes it over.
 const READ_IN: &str = r#"
-SELECT expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned),
+SELECT expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned)
+           OR (token IS NOT NULL AND coalesce(lease_ends_at, expires_at) <= now()),
        fingerprint IS NOT NULL AND $3::text IS NOT NULL AND fingerprint <> $3::text,
        token IS NULL,
        result,
@@ -1268,17 +1321,25 @@ SELECT expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned
 FROM jobguard_keys WHERE scope = $1 AND key = $2
 "#;
 
-// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs.
-const TAKE_OVER_IN: &str = r#"
-UPDATE jobguard_keys
+// $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs. Takes over an expired row, a
+// released one, or a claim whose lease lapsed: one more generation, as `CLAIM`, so the lapsed
+// claim's holder is fenced off (its token and generation are gone), and its crash counted as
+// `CLAIM` counts it (`CRASHES_AFTER`; with no crash limit here, the row is not poisoned).
+static TAKE_OVER_IN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#"
+UPDATE jobguard_keys AS k
 SET token = $3, fingerprint = $4, result = NULL, poisoned = false, lease_ends_at = NULL,
-    generation = generation + 1,
-    crashes = CASE WHEN expires_at <= now() THEN 0 ELSE crashes END,
+    generation = k.generation + 1,
+    crashes = {CRASHES_AFTER},
     expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2
-  AND (expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned))
+WHERE k.scope = $1 AND k.key = $2
+  AND (k.expires_at <= now() OR (k.token IS NULL AND k.result IS NULL AND NOT k.poisoned)
+       OR (k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now()))
 RETURNING 1
-"#;
+"#
+    )
+});
 
 // $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs. The transaction's own row: no lease
 // check, since no one else can see it before the commit.
@@ -1288,35 +1349,318 @@ SET token = NULL, result = $4, lease_ends_at = NULL, expires_at = now() + $5::bi
 WHERE scope = $1 AND key = $2 AND token = $3
 "#;
 
+/// One guarded call's savepoint, shared by all its attempts: what `#[idempotent(transaction =
+/// tx)]` with `#[retry]` runs each attempt in, and what to use by hand around [`Policy::run`]
+/// (or [`run_if_ok`](crate::Policy::run_if_ok)) when a transaction's statements are retried.
+///
+/// Its invariant: an attempt never runs on top of an earlier attempt's writes, and nothing
+/// commits them, however the earlier attempt ended.
+///
+/// * The first [`attempt`](Self::attempt) sends `SAVEPOINT` under a name no other `Savepoint`
+///   of the process has (so a guarded call nested in the work, on the same connection, has its
+///   own), with a transaction-local setting (`jobguard.<name>`) in the same message. An attempt
+///   cut while that message waits to be sent (sqlx first reads the answer of a statement an
+///   earlier cut left running) leaves the next attempt to read the setting: made, it rolls
+///   back to the savepoint; not made, it makes it.
+/// * Each later attempt starts with `ROLLBACK TO SAVEPOINT`, unless the previous one failed and
+///   was rolled back already. So an attempt that was **cut** (its future dropped while it ran: a
+///   per-attempt `timeout`, a `budget`, a lost `select!`) has its writes rolled back before the
+///   next one runs, as has one whose `Ok` value the policy retried (`on_ok`). The rollback waits
+///   for a statement the cut attempt had sent: sqlx reads its answer first, and the server runs
+///   it to its end. To have the server stop a long statement, set a `statement_timeout` for the
+///   transaction (`SET LOCAL statement_timeout = '5s'`): it fails the statement with an error,
+///   which the savepoint rolls back like any other.
+/// * An attempt that fails is rolled back to the savepoint at once, so the transaction takes
+///   statements again (after a deadlock, `40P01`, say).
+/// * [`finish`](Self::finish), after the policy: a success releases the savepoint, the writes of
+///   the attempt that gave it staying in the transaction; a failure whose last attempt was cut
+///   is rolled back to the savepoint, so a caller that commits after the error commits none of
+///   it.
+///
+/// A statement of its own that fails (the connection lost, the transaction aborted) is
+/// [`Error::Store`] in the job's error type; so is `ROLLBACK TO` a savepoint that does not exist,
+/// which leaves the transaction aborted: fail closed. Costs two round trips for a call whose
+/// first attempt succeeds (`SAVEPOINT`, `RELEASE`), one more per failed or cut attempt.
+///
+/// ```no_run
+/// # use jobguard::Policy;
+/// # use jobguard::store::postgres::Savepoint;
+/// # #[derive(Debug)] struct MyError;
+/// # impl std::fmt::Display for MyError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("e") } }
+/// # impl From<jobguard::Error> for MyError { fn from(_: jobguard::Error) -> Self { MyError } }
+/// # impl From<sqlx::Error> for MyError { fn from(_: sqlx::Error) -> Self { MyError } }
+/// # impl jobguard::Transient for MyError { fn verdict(&self) -> jobguard::Verdict { jobguard::Verdict::Retry } }
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), MyError> {
+/// use std::time::Duration;
+///
+/// // An attempt cut at 2 s is rolled back before the next one runs.
+/// const POLICY: Policy = Policy::new().attempts(3).timeout(Duration::from_secs(2));
+/// let mut tx = pool.begin().await?;
+/// // Let the server stop a statement the timeout cut, rather than run it to its end.
+/// sqlx::raw_sql("SET LOCAL statement_timeout = '2s'").execute(&mut *tx).await?;
+/// let mut savepoint = Savepoint::new();
+/// let done = POLICY
+///     .run("ledger.fee", async |_attempt| {
+///         savepoint
+///             .attempt(&mut *tx, async |tx| {
+///                 sqlx::query("UPDATE accounts SET balance = balance - 1 WHERE id = 1")
+///                     .execute(&mut *tx)
+///                     .await?;
+///                 Ok::<_, MyError>(())
+///             })
+///             .await
+///     })
+///     .await;
+/// savepoint.finish(&mut *tx, done).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
+/// [`Policy::run`]: crate::Policy::run
+#[derive(Debug)]
+pub struct Savepoint {
+    name: String,
+    state: SavepointState,
+}
+
+/// Where a [`Savepoint`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SavepointState {
+    /// No `SAVEPOINT` sent yet.
+    Unsent,
+    /// The `SAVEPOINT` was under way when its attempt was cut: sqlx sends a statement only once
+    /// the connection has read the answers still due (those of a statement an earlier cut left
+    /// running), so it may not have been sent. Its message set a transaction-local marker
+    /// first, which the next attempt reads.
+    Unsure,
+    /// Sent, and writes may have followed it (an attempt ran, or is cut).
+    Dirty,
+    /// Rolled back to: the transaction stands where the first attempt started.
+    Clean,
+}
+
+/// Numbers the savepoints of the process, so that no two share a name.
+static SAVEPOINTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Default for Savepoint {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Savepoint {
+    /// A savepoint for one call, not sent yet: named `jobguard_attempt_<n>`, `n` new in the
+    /// process.
+    pub fn new() -> Self {
+        let n = SAVEPOINTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Savepoint {
+            name: format!("jobguard_attempt_{n}"),
+            state: SavepointState::Unsent,
+        }
+    }
+
+    /// Runs one attempt: makes the savepoint (the first attempt) or rolls back to it (a later
+    /// one, after an attempt that was cut or succeeded), then runs `work`. A failed `work` is
+    /// rolled back to the savepoint before its error is returned; a successful one leaves its
+    /// writes until [`finish`](Self::finish) (or the next attempt, if the policy retries its
+    /// value).
+    ///
+    /// `conn` is the connection of a transaction (the same one for every attempt). A statement
+    /// of its own that fails is [`Error::Store`], and `work` does not run or its error is
+    /// replaced.
+    pub async fn attempt<T, E, F>(&mut self, conn: &mut PgConnection, work: F) -> Result<T, E>
+    where
+        F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+        E: crate::bounds::FromJobguard,
+    {
+        let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
+        if self.state == SavepointState::Unsure {
+            let marker: Option<String> = sqlx::query_scalar("SELECT current_setting($1, true)")
+                .bind(self.marker())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| fail("savepoint failed", e))?;
+            if marker.as_deref() == Some("1") {
+                self.state = SavepointState::Dirty;
+            } else {
+                self.state = SavepointState::Unsent;
+            }
+        }
+        let before = self.state;
+        // Marked before anything is sent: once the statement may have reached the server, a
+        // later attempt finds out whether it did, or rolls back to it.
+        self.state = match before {
+            SavepointState::Unsent => SavepointState::Unsure,
+            _ => SavepointState::Dirty,
+        };
+        match before {
+            SavepointState::Unsent | SavepointState::Unsure => {
+                // One message: the marker is set outside the savepoint, so that a rollback to
+                // it keeps the marker.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "SELECT set_config('{}', '1', true); SAVEPOINT {}",
+                    self.marker(),
+                    self.name
+                )))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| fail("savepoint failed", e))?;
+                self.state = SavepointState::Dirty;
+            }
+            SavepointState::Dirty => {
+                self.execute(conn, "ROLLBACK TO SAVEPOINT")
+                    .await
+                    .map_err(|e| fail("rolling back the earlier attempt failed", e))?;
+            }
+            SavepointState::Clean => {}
+        }
+        match work(&mut *conn).await {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                self.execute(conn, "ROLLBACK TO SAVEPOINT")
+                    .await
+                    .map_err(|e| fail("rolling back to the savepoint failed", e))?;
+                self.state = SavepointState::Clean;
+                Err(error)
+            }
+        }
+    }
+
+    /// Ends the call with the policy's `result`: an `Ok` releases the savepoint (the writes of
+    /// the attempt that gave it stay in the transaction); an `Err` whose last attempt was cut
+    /// rolls its writes back, and is returned as it is.
+    ///
+    /// A `RELEASE` that fails is [`Error::Store`]: the call then failed, and the transaction is to
+    /// be rolled back. A rollback that fails leaves the error as it is: the transaction is then
+    /// aborted, and cannot commit.
+    pub async fn finish<T, E>(self, conn: &mut PgConnection, result: Result<T, E>) -> Result<T, E>
+    where
+        E: crate::bounds::FromJobguard,
+    {
+        match (&result, self.state) {
+            // Unsure: the last attempt was cut before its work ran, so it wrote nothing.
+            (_, SavepointState::Unsent | SavepointState::Unsure)
+            | (Err(_), SavepointState::Clean) => result,
+            (Ok(_), _) => {
+                self.execute(conn, "RELEASE SAVEPOINT")
+                    .await
+                    .map_err(|e| E::from(store_error("releasing the savepoint failed", &e)))?;
+                result
+            }
+            (Err(_), SavepointState::Dirty) => {
+                let _ = self.execute(conn, "ROLLBACK TO SAVEPOINT").await;
+                result
+            }
+        }
+    }
+
+    /// The transaction-local setting that says the `SAVEPOINT` was sent.
+    fn marker(&self) -> String {
+        format!("jobguard.{}", self.name)
+    }
+
+    async fn execute(&self, conn: &mut PgConnection, verb: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("{verb} {}", self.name)))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+}
+
 /// Runs `work` in a savepoint of the transaction that `conn` is in: released when `work`
 /// succeeds, rolled back when it fails, so the transaction takes statements again and a retry
 /// starts from where the attempt started. Costs two round trips (`SAVEPOINT`, then `RELEASE` or
 /// `ROLLBACK TO`).
 ///
-/// A savepoint that cannot be made or ended is [`Error::Store`] in the job's error type. If the
-/// future is dropped while `work` runs, the savepoint stays open inside the transaction: roll the
-/// transaction back.
+/// It holds no state from one attempt to the next; around a policy with a `timeout`, a `budget`
+/// or `on_ok`, prefer [`Savepoint`], made once for the call. This function is safe there too
+/// in most cases: the savepoint is sqlx's own (`conn.begin()` inside a transaction, named after
+/// its depth, so a guarded call nested in `work` has its own), and when the future is dropped
+/// while `work` runs (an attempt **cut**), sqlx queues its `ROLLBACK TO SAVEPOINT`, sent before
+/// the connection's next statement, after the answer of any statement the cut attempt had sent
+/// (which the server runs to its end; see [`Savepoint`] for `statement_timeout`). So the next
+/// attempt starts without the cut attempt's writes. Two limits:
+///
+/// * An attempt cut while sqlx waits for the `SAVEPOINT` itself makes sqlx roll back the whole
+///   transaction: the next call is then [`Error::Config`] (the connection is in no transaction
+///   sqlx knows of), nothing of the transaction commits, and the caller's `commit` sends
+///   nothing. After an attempt (number 2 or more, from [`attempt()`](crate::attempt())) the
+///   connection is first waited on with `SELECT 1`, so that the `SAVEPOINT`'s wait is one
+///   round trip, not the end of a statement a cut attempt left running.
+/// * An attempt that returns `Ok` releases its savepoint: a policy that retries an `Ok` value
+///   (`on_ok`) keeps the writes of every such attempt. [`Savepoint`] does not.
+///
+/// A savepoint that cannot be made or ended is [`Error::Store`] in the job's error type. `conn`
+/// must be in a transaction begun through sqlx (`pool.begin()`, `conn.begin()`, or the
+/// connection [`InTransaction::run`] and [`Begin::run`] hand to their work); otherwise the call
+/// is [`Error::Config`] and `work` does not run.
+///
+/// ```no_run
+/// # use jobguard::Policy;
+/// # use jobguard::store::postgres::savepoint;
+/// # #[derive(Debug)] struct MyError;
+/// # impl std::fmt::Display for MyError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("e") } }
+/// # impl From<jobguard::Error> for MyError { fn from(_: jobguard::Error) -> Self { MyError } }
+/// # impl From<sqlx::Error> for MyError { fn from(_: sqlx::Error) -> Self { MyError } }
+/// # impl jobguard::Transient for MyError { fn verdict(&self) -> jobguard::Verdict { jobguard::Verdict::Retry } }
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), MyError> {
+/// // A deadlock (40P01) is retried, each attempt from where the first one started.
+/// const POLICY: Policy = Policy::new().attempts(3);
+/// let mut tx = pool.begin().await?;
+/// POLICY
+///     .run("ledger.fee", async |_attempt| {
+///         savepoint(&mut *tx, async |tx| {
+///             sqlx::query("UPDATE accounts SET balance = balance - 1 WHERE id = 1")
+///                 .execute(&mut *tx)
+///                 .await?;
+///             Ok::<_, MyError>(())
+///         })
+///         .await
+///     })
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub async fn savepoint<T, E, F>(conn: &mut PgConnection, work: F) -> Result<T, E>
 where
     F: AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
     E: crate::bounds::FromJobguard,
 {
     let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
-    sqlx::query("SAVEPOINT jobguard_attempt")
-        .execute(&mut *conn)
+    if !conn.is_in_transaction() {
+        // `begin` would open a transaction (and `commit` commit it) instead of a savepoint.
+        return Err(E::from(Error::Config(
+            "jobguard::store::postgres::savepoint needs a connection inside a transaction begun \
+             through sqlx (pool.begin(), conn.begin()), and this one is in none that sqlx knows \
+             of: a BEGIN sent as SQL, or a transaction sqlx rolled back whole because an \
+             attempt was cut while its SAVEPOINT was under way (use Savepoint around a policy \
+             with a timeout)"
+                .into(),
+        )));
+    }
+    if crate::attempt::attempt().is_some_and(|a| a.number > 1) {
+        // Whatever an earlier attempt left running ends here, not in the SAVEPOINT's wait.
+        sqlx::raw_sql("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| fail("savepoint failed", e))?;
+    }
+    // Dropped while `work` runs, `attempt` queues its `ROLLBACK TO SAVEPOINT` on `conn`.
+    let mut attempt = conn
+        .begin()
         .await
         .map_err(|e| fail("savepoint failed", e))?;
-    match work(&mut *conn).await {
+    match work(&mut attempt).await {
         Ok(value) => {
-            sqlx::query("RELEASE SAVEPOINT jobguard_attempt")
-                .execute(&mut *conn)
+            attempt
+                .commit()
                 .await
                 .map_err(|e| fail("releasing the savepoint failed", e))?;
             Ok(value)
         }
         Err(error) => {
-            sqlx::query("ROLLBACK TO SAVEPOINT jobguard_attempt")
-                .execute(&mut *conn)
+            attempt
+                .rollback()
                 .await
                 .map_err(|e| fail("rolling back to the savepoint failed", e))?;
             Err(error)
@@ -1369,7 +1713,8 @@ mod tests {
         );
         let values = sql.split_once("VALUES (").unwrap().1;
         assert!(!values.contains("DROP") && !values.contains("s'"), "{sql}");
-        assert!(sql.starts_with("BEGIN; INSERT INTO jobguard_keys"));
+        assert!(sql.starts_with("BEGIN; DO $jobguard$ BEGIN IF now() <> statement_timestamp()"));
+        assert!(sql.contains("END $jobguard$; INSERT INTO jobguard_keys"));
         assert!(values.contains("convert_from(decode('7327636f7065', 'hex'), 'UTF8')"));
         assert!(values.ends_with("NULL, now() + 1000000 * interval '1 microsecond')"));
         assert!(begin_claim_sql("s", "k", "t", None, Duration::ZERO).contains(", NULL, NULL, "));

@@ -1,0 +1,436 @@
+//! A retried attempt cut by `#[retry(timeout = ...)]` (its future dropped mid-body) in a Postgres
+//! transaction, against a private `postgres`: the cut attempt's writes are rolled back before the
+//! next attempt, so the commit holds one attempt's writes, with the caller's transaction, with a
+//! transaction jobguard begins, through `Policy::run` and `savepoint` by hand (the attempt cut
+//! during a statement as well as between two), and with a guarded call nested in the cut one.
+
+use jobguard_testkit::pg_job::{JobError, pool};
+use jobguard_testkit::postgres;
+
+use jobguard::store::postgres::{Savepoint, savepoint};
+use jobguard::{PgStore, Policy};
+use postgres::PgServer;
+use sqlx::{PgConnection, PgPool};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// Longer than any attempt's timeout here: an attempt that waits for it is cut.
+const HANG: Duration = Duration::from_secs(30);
+
+async fn setup(server: &PgServer) -> PgPool {
+    let pool = pool(&server.url(), 4).await;
+    PgStore::new(pool.clone()).migrate().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+async fn effect(conn: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    Ok(
+        sqlx::query_scalar("INSERT INTO effects (key) VALUES ($1) RETURNING id")
+            .bind(key)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
+async fn effects(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The first attempt writes its effect, then hangs past the timeout and is cut.
+async fn hang_first(calls: &AtomicU32) {
+    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+        tokio::time::sleep(HANG).await;
+    }
+}
+
+static CALLER_TX: AtomicU32 = AtomicU32::new(0);
+
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.caller")]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "1ms", jitter = none, timeout = "200ms")]
+async fn in_caller_tx(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    let id = effect(&mut *tx, key).await?;
+    hang_first(&CALLER_TX).await;
+    Ok(id)
+}
+
+static OWN_TX: AtomicU32 = AtomicU32::new(0);
+
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.own")]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "1ms", jitter = none, timeout = "200ms")]
+async fn in_own_tx(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    let id = effect(&mut *tx, key).await?;
+    hang_first(&OWN_TX).await;
+    Ok(id)
+}
+
+#[tokio::test]
+async fn a_cut_attempt_in_the_callers_transaction_leaves_no_effect() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    let id = in_caller_tx(&mut tx, "caller").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        CALLER_TX.load(Ordering::SeqCst),
+        2,
+        "the first attempt was cut"
+    );
+    assert_eq!(effects(&pool, "caller").await, 1, "the cut attempt's row");
+    let kept: i64 = sqlx::query_scalar("SELECT id FROM effects WHERE key = 'caller'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, id, "the second attempt's row is the one committed");
+}
+
+#[tokio::test]
+async fn a_cut_attempt_in_a_transaction_jobguard_begins_leaves_no_effect() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut conn = pool.acquire().await.unwrap();
+    in_own_tx(&mut conn, "own").await.unwrap();
+    assert_eq!(
+        OWN_TX.load(Ordering::SeqCst),
+        2,
+        "the first attempt was cut"
+    );
+    assert_eq!(effects(&pool, "own").await, 1, "the cut attempt's row");
+}
+
+/// `Policy::run` with `savepoint` by hand: the first attempt is cut between its statements (by
+/// the timeout while it waits) or inside one (`pg_sleep` running on the server).
+#[tokio::test]
+async fn the_manual_pattern_rolls_a_cut_attempt_back_between_or_during_statements() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    const POLICY: Policy = Policy::new()
+        .attempts(3)
+        .base(Duration::from_millis(1))
+        .cap(Duration::from_millis(1))
+        .timeout(Duration::from_millis(200));
+    for (key, in_statement) in [("between", false), ("during", true)] {
+        let calls = AtomicU32::new(0);
+        let mut tx = pool.begin().await.unwrap();
+        PgStore::in_transaction(&mut tx, "t.timeout.manual", key)
+            .run(async |tx| {
+                POLICY
+                    .run("t.timeout.manual", async |_attempt| {
+                        savepoint(&mut *tx, async |tx| {
+                            effect(&mut *tx, key).await?;
+                            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                                if in_statement {
+                                    // Cut while the server runs it; the next attempt's first
+                                    // statement waits for its end (about half a second).
+                                    sqlx::query("SELECT pg_sleep(0.5)")
+                                        .execute(&mut *tx)
+                                        .await?;
+                                } else {
+                                    tokio::time::sleep(HANG).await;
+                                }
+                            }
+                            Ok::<_, JobError>(())
+                        })
+                        .await
+                    })
+                    .await
+            })
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "{key}: the first attempt was cut"
+        );
+        assert_eq!(effects(&pool, key).await, 1, "{key}: the cut attempt's row");
+    }
+}
+
+/// Every attempt is cut: the call fails with the timeout, and a caller that commits anyway
+/// commits none of the attempts' writes.
+#[tokio::test]
+async fn when_every_attempt_is_cut_no_attempts_writes_remain_even_if_the_caller_commits() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    const POLICY: Policy = Policy::new()
+        .attempts(2)
+        .base(Duration::from_millis(1))
+        .cap(Duration::from_millis(1))
+        .timeout(Duration::from_millis(100));
+    let mut tx = pool.begin().await.unwrap();
+    let out = POLICY
+        .run("t.timeout.all", async |_attempt| {
+            savepoint(&mut tx, async |tx| {
+                effect(&mut *tx, "all").await?;
+                tokio::time::sleep(HANG).await;
+                Ok::<_, JobError>(())
+            })
+            .await
+        })
+        .await;
+    assert!(
+        matches!(out, Err(JobError::Guard(jobguard::Error::Timeout))),
+        "{out:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(effects(&pool, "all").await, 0);
+    // The same with a `Savepoint` for the call: `finish` rolls the last cut attempt back.
+    let mut tx = pool.begin().await.unwrap();
+    let mut attempts = Savepoint::new();
+    let out = POLICY
+        .run("t.timeout.all", async |_attempt| {
+            attempts
+                .attempt(&mut tx, async |tx| {
+                    effect(&mut *tx, "all.savepoint").await?;
+                    tokio::time::sleep(HANG).await;
+                    Ok::<_, JobError>(())
+                })
+                .await
+        })
+        .await;
+    let out = attempts.finish(&mut tx, out).await;
+    assert!(
+        matches!(out, Err(JobError::Guard(jobguard::Error::Timeout))),
+        "{out:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(effects(&pool, "all.savepoint").await, 0);
+}
+
+static OUTER: AtomicU32 = AtomicU32::new(0);
+static INNER: AtomicU32 = AtomicU32::new(0);
+
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.inner")]
+#[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", jitter = none)]
+async fn inner(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    INNER.fetch_add(1, Ordering::SeqCst);
+    effect(&mut *tx, key).await
+}
+
+/// A guarded call nested in the outer one's attempt, on the same connection: its savepoint is
+/// its own, and the outer attempt's cut rolls back the inner call's effect and key with it.
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.outer")]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "1ms", jitter = none, timeout = "200ms")]
+async fn outer(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    let inner_id = inner(&mut *tx, &format!("{key}.inner")).await?;
+    effect(&mut *tx, key).await?;
+    hang_first(&OUTER).await;
+    Ok(inner_id)
+}
+
+#[tokio::test]
+async fn a_nested_guarded_call_in_a_cut_attempt_is_rolled_back_with_it() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    let inner_id = outer(&mut tx, "nest").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        OUTER.load(Ordering::SeqCst),
+        2,
+        "the first outer attempt was cut"
+    );
+    assert_eq!(
+        INNER.load(Ordering::SeqCst),
+        2,
+        "the inner call ran again: its key went with the cut attempt"
+    );
+    assert_eq!(effects(&pool, "nest").await, 1);
+    assert_eq!(effects(&pool, "nest.inner").await, 1);
+    let kept: i64 = sqlx::query_scalar("SELECT id FROM effects WHERE key = 'nest.inner'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, inner_id);
+    // Committed once each: a second call replays both.
+    let mut tx = pool.begin().await.unwrap();
+    assert_eq!(outer(&mut tx, "nest").await.unwrap(), inner_id);
+    tx.commit().await.unwrap();
+    assert_eq!(OUTER.load(Ordering::SeqCst), 2);
+    assert_eq!(effects(&pool, "nest").await, 1);
+}
+
+/// `savepoint` on a connection outside a transaction would begin one (and commit it): refused,
+/// and the work does not run.
+#[tokio::test]
+async fn savepoint_outside_a_transaction_is_refused() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let out = savepoint(&mut conn, async |tx| effect(tx, "outside").await).await;
+    assert!(
+        matches!(out, Err(JobError::Guard(jobguard::Error::Config(_)))),
+        "{out:?}"
+    );
+    assert_eq!(effects(&pool, "outside").await, 0);
+}
+
+/// `Policy::run` with a `Savepoint` made for the call: the first attempt cut between its
+/// statements or inside one, every later attempt rolled back to the one savepoint.
+#[tokio::test]
+async fn a_savepoint_for_the_call_rolls_a_cut_attempt_back_between_or_during_statements() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    const POLICY: Policy = Policy::new()
+        .attempts(3)
+        .base(Duration::from_millis(1))
+        .cap(Duration::from_millis(1))
+        .timeout(Duration::from_millis(200));
+    for (key, in_statement) in [("sp.between", false), ("sp.during", true)] {
+        let calls = AtomicU32::new(0);
+        let mut tx = pool.begin().await.unwrap();
+        let mut attempts = Savepoint::new();
+        let done = POLICY
+            .run("t.timeout.savepoint", async |_attempt| {
+                attempts
+                    .attempt(&mut tx, async |tx| {
+                        effect(&mut *tx, key).await?;
+                        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                            if in_statement {
+                                sqlx::query("SELECT pg_sleep(0.5)")
+                                    .execute(&mut *tx)
+                                    .await?;
+                            } else {
+                                tokio::time::sleep(HANG).await;
+                            }
+                        }
+                        Ok::<_, JobError>(())
+                    })
+                    .await
+            })
+            .await;
+        attempts.finish(&mut tx, done).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "{key}: the first attempt was cut"
+        );
+        assert_eq!(effects(&pool, key).await, 1, "{key}: the cut attempt's row");
+    }
+}
+
+static OK_SEEN: AtomicU32 = AtomicU32::new(0);
+
+/// The first `Ok` is retried.
+fn first_ok(_: &i64) -> bool {
+    OK_SEEN.fetch_add(1, Ordering::SeqCst) == 0
+}
+
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.on_ok")]
+#[jobguard::retry(attempts = 3, base = "1ms", cap = "1ms", jitter = none, on_ok = first_ok)]
+async fn retried_ok(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    effect(&mut *tx, key).await
+}
+
+#[tokio::test]
+async fn an_attempt_whose_ok_is_retried_is_rolled_back_too() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    let id = retried_ok(&mut tx, "on_ok").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        OK_SEEN.load(Ordering::SeqCst),
+        2,
+        "the first Ok was retried"
+    );
+    let kept: Vec<i64> = sqlx::query_scalar("SELECT id FROM effects WHERE key = 'on_ok'")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, [id], "only the returned attempt's row");
+}
+
+/// Left running by a cut attempt: a statement whose end the next statement waits for.
+async fn leave_a_statement_running(conn: &mut PgConnection) {
+    let cut = tokio::time::timeout(
+        Duration::from_millis(50),
+        sqlx::query("SELECT pg_sleep(0.5)").execute(&mut *conn),
+    )
+    .await;
+    assert!(cut.is_err(), "the statement was cut");
+}
+
+/// An attempt cut while its own `SAVEPOINT` waits (here behind a statement left running, so
+/// the `SAVEPOINT` is never sent): with a `Savepoint`, the next attempt finds out that it was
+/// not made, makes it, and the call succeeds with one effect; `savepoint`, on
+/// sqlx's savepoint transaction, has sqlx roll the whole transaction back, and then fails
+/// closed: the next call is `Error::Config`, and nothing of the transaction commits.
+#[tokio::test]
+async fn an_attempt_cut_while_its_savepoint_is_made_fails_closed() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let cut = Duration::from_millis(100);
+
+    let mut tx = pool.begin().await.unwrap();
+    effect(&mut tx, "made.before").await.unwrap();
+    let mut attempts = Savepoint::new();
+    leave_a_statement_running(&mut tx).await;
+    let first = tokio::time::timeout(
+        cut,
+        attempts.attempt(&mut tx, async |tx| effect(tx, "made").await),
+    )
+    .await;
+    assert!(first.is_err(), "the first attempt was cut");
+    let second = attempts
+        .attempt(&mut tx, async |tx| effect(tx, "made").await)
+        .await;
+    let second = attempts.finish(&mut tx, second).await;
+    assert!(second.is_ok(), "{second:?}");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (
+            effects(&pool, "made.before").await,
+            effects(&pool, "made").await
+        ),
+        (1, 1)
+    );
+
+    let mut tx = pool.begin().await.unwrap();
+    effect(&mut tx, "fn.before").await.unwrap();
+    leave_a_statement_running(&mut tx).await;
+    let first =
+        tokio::time::timeout(cut, savepoint(&mut tx, async |tx| effect(tx, "fn").await)).await;
+    assert!(first.is_err(), "the first attempt was cut");
+    let second = savepoint(&mut tx, async |tx| effect(tx, "fn").await).await;
+    assert!(
+        matches!(second, Err(JobError::Guard(jobguard::Error::Config(_)))),
+        "{second:?}"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        (
+            effects(&pool, "fn.before").await,
+            effects(&pool, "fn").await
+        ),
+        (0, 0),
+        "nothing of the transaction committed"
+    );
+}
