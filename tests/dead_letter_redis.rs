@@ -344,6 +344,36 @@ async fn redriving_a_crashed_letter_forgives_the_key_runs_the_job_and_removes_th
         Err(Error::Poisoned { crashes: 1 })
     );
     assert_eq!(FRAGILE_RUNS.lock().unwrap().len(), 1, "replayed, not run");
+
+    // A letter of order-D's job and key for another reason (its retries ran out before the
+    // crashes): its redrive is no word that the poison job is to run, and forgives nothing.
+    let now = SystemTime::now();
+    let exhausted = DeadLetter::new(
+        "tests.redis_crashed",
+        Some("order-D".into()),
+        GiveUp::Exhausted,
+        5,
+        "timeout",
+        now,
+        now,
+    );
+    let exhausted_id = letters.add(&exhausted).await.unwrap();
+    let refused = runtime
+        .scope(letters.redrive(&exhausted_id, |_letter| fragile("order-D", 7)))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(RedriveError::Job(Error::Poisoned { crashes: 1 }))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        letters.len().await.unwrap(),
+        2,
+        "both of order-D's letters kept"
+    );
+    assert_eq!(FRAGILE_RUNS.lock().unwrap().len(), 1, "order-D never ran");
 }
 
 #[tokio::test]

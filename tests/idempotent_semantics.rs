@@ -382,6 +382,32 @@ async fn the_same_key_with_other_arguments_is_key_reused() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_reused_against_a_live_claim_does_not_settle_the_delivery() {
+    let store = MemoryStore::new();
+    let (rt, _, _) = runtime(store.clone());
+    let (work, go) = Work::gated();
+    let running = tokio::spawn({
+        let (rt, work) = (rt.clone(), work.clone());
+        async move { rt.scope(fingerprinted(&work, "order-L", 100)).await }
+    });
+    work.started.notified().await;
+    // Another job's arguments under the key while the first run holds it: refused, but that
+    // run may yet fail and release the key, so a runner may deliver this job again.
+    let other = Work::default();
+    let delivery = jobguard::Delivery {
+        number: 1,
+        last: false,
+    };
+    let (reused, settled) = rt
+        .scope(delivery.scope_settled(fingerprinted(&other, "order-L", 999)))
+        .await;
+    assert_eq!((reused, settled), (Err(Error::KeyReused), false));
+    go.send(()).unwrap();
+    assert_eq!(running.await.unwrap(), Ok(100));
+    assert_eq!(other.runs(), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_corrupt_record_is_corrupt_not_a_panic() {
     let store = MemoryStore::new();
     let (rt, _, _) = runtime(store.clone());

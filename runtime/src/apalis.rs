@@ -125,7 +125,7 @@
 //!   apalis-redis puts the task in its dead set instead of re-enqueueing it. So a
 //!   dead-lettered job is not delivered again, whatever the broker's own limit;
 //! * a refusal that no redelivery can change while the key's record stands
-//!   ([`Error::KeyReused`](crate::Error::KeyReused),
+//!   ([`Error::KeyReused`](crate::Error::KeyReused) against a completed record,
 //!   [`Error::Unreplayable`](crate::Error::Unreplayable)) writes no letter, and the layer sets
 //!   the task `Killed` too: apalis keeps it, with its error, and does not deliver it again.
 //!

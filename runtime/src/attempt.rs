@@ -89,8 +89,9 @@ impl Delivery {
     /// [`Delivery::scope`], also telling whether a guarded call inside `fut` settled the job:
     /// it wrote a dead letter during this delivery, found its job dead-lettered before (a
     /// poisoned job, refused with [`Error::Poisoned`](crate::Error::Poisoned)), or was refused
-    /// in a way no redelivery can change while the key's record stands (a reused key,
-    /// [`Error::KeyReused`](crate::Error::KeyReused); a result that could not be kept,
+    /// in a way no redelivery can change while the key's record stands (a key another job's
+    /// arguments completed, [`Error::KeyReused`](crate::Error::KeyReused) against a completed
+    /// record, not a live claim, which may yet be released; a result that could not be kept,
     /// [`Error::Unreplayable`](crate::Error::Unreplayable)). A runner integration then knows
     /// the job must not be delivered again, whatever `fut` returned (one job, one dead letter).
     ///
@@ -140,7 +141,7 @@ impl Delivery {
 
     /// Notes that the job of the delivery in scope, if any, is settled: its one dead letter was
     /// taken by the sink now (a give-up; a letter the sink refused settles nothing) or before (a
-    /// poisoned job's refusal), or its key refuses it for good (a reused key, an unreplayable
+    /// poisoned job's refusal), or its key refuses it for good (a key completed with other arguments, an unreplayable
     /// result), so it must not be delivered again.
     pub(crate) fn settle() {
         let _ = DELIVERY.try_with(|s| s.dead_lettered.set(true));

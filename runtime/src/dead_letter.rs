@@ -422,29 +422,42 @@ impl DeadLetterSink for LogDeadLetters {
 }
 
 tokio::task_local! {
-    /// The job and key of the letter being redriven (see [`redriving`]).
-    static REDRIVING: (String, Option<String>);
+    /// The job, key and reason of the letter being redriven (see [`redriving`]).
+    static REDRIVING: (String, Option<String>, GiveUp);
 }
 
-/// Runs `fut`, the job of a redriven letter of `job` under `key`: a give-up of that job and key
-/// inside it writes no letter of its own, since the letter being redriven stays where it is
-/// when the job fails again (one job, one letter), and a poisoned key of that job and key is
-/// forgiven once so that the job runs (see `Idempotent`'s claim). Any other job's letters are
-/// written, and its keys refused, as ever.
+/// Runs `fut`, the job of a redriven letter of `job` under `key`, which gave up for `reason`: a
+/// give-up of that job and key inside it writes no letter of its own, since the letter being
+/// redriven stays where it is when the job fails again (one job, one letter), and, when the
+/// letter is a poison job's (`crashed`), that job and key's poisoned key is forgiven once so
+/// that the job runs (see `Idempotent`'s claim). Any other job's letters are written, and its
+/// keys refused, as ever.
 #[cfg(feature = "redis")]
 pub(crate) fn redriving<F: Future>(
     job: String,
     key: Option<String>,
+    reason: GiveUp,
     fut: F,
 ) -> impl Future<Output = F::Output> {
-    REDRIVING.scope((job, key), fut)
+    REDRIVING.scope((job, key, reason), fut)
 }
 
 /// Whether a give-up of `job` under `key` is the redriven letter's job giving up again, whose
 /// letter stands for it.
 pub(crate) fn redriven(job: &str, key: Option<&str>) -> bool {
     REDRIVING
-        .try_with(|(redriven, its_key)| redriven == job && its_key.as_deref() == key)
+        .try_with(|(redriven, its_key, _)| redriven == job && its_key.as_deref() == key)
+        .unwrap_or(false)
+}
+
+/// Whether `job` under `key` runs in the redrive of its own `crashed` letter: the operator's
+/// word that the poison job is to run again, so its poisoned key may be forgiven. A redrive of
+/// a letter of another reason forgives nothing.
+pub(crate) fn redriven_crashed(job: &str, key: &str) -> bool {
+    REDRIVING
+        .try_with(|(redriven, its_key, reason)| {
+            *reason == GiveUp::Crashed && redriven == job && its_key.as_deref() == Some(key)
+        })
         .unwrap_or(false)
 }
 

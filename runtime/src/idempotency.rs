@@ -53,16 +53,18 @@
 //! delivery runs the job and takes `crashes` more abandoned claims to poison it again. A
 //! completed record and a live claim are left as they are.
 //!
-//! A **redrive** forgives the key itself. A call of a job inside the
-//! [redrive](crate::dead_letter::redis::RedisDeadLetters::redrive) of a letter of that job and
-//! key whose claim is refused as poisoned forgives the key once, says so at warn level, and
-//! claims it again: redriving the job's `crashed` letter runs the job (and removes the letter
-//! when it succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL
-//! ends.
-//! The redrive is the operator's word that the job is to run again. If the redriven run kills
-//! its process again, the letter stays (the redrive did not succeed), and its lapsed claim
-//! counts as a crash like any other. Outside a redrive, a poisoned key is never forgiven on its
-//! own.
+//! A **redrive of a `crashed` letter** forgives the key itself. A call of a job inside the
+//! [redrive](crate::dead_letter::redis::RedisDeadLetters::redrive) of that job and key's
+//! `crashed` letter whose claim is refused as poisoned forgives the key once, says so at warn
+//! level, and claims it again: redriving the letter runs the job (and removes the letter when it
+//! succeeds), where it would otherwise fail with [`Error::Poisoned`] until the key's TTL ends.
+//! A letter of another reason (`exhausted`, say) forgives nothing.
+//! The redrive is the operator's word that the poison job is to run again, **in the redriving
+//! process**: do it once the cause is fixed, from a process that may die. If the redriven run
+//! kills its process again, the letter stays (the redrive did not succeed), and its lapsed claim
+//! counts as a crash like any other. The forgiving is on the redrive's own task: a redrive
+//! closure that only enqueues the job for a runner must call [`forgive`] first, or the runner's
+//! delivery is refused. Outside a redrive, a poisoned key is never forgiven on its own.
 
 use crate::attempt::{Fenced, FirstAttempt};
 use crate::bounds::{FromJobguard, Replayable};
@@ -244,18 +246,20 @@ impl<'a> Idempotent<'a> {
         // A redrive forgives a poisoned key once: a key poisoned again is refused.
         let mut forgiven = false;
         let generation = loop {
-            let claimed = match store.claim_with(key, &token, options).await {
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    let error = error.at_key(key.scope, key.key);
-                    observe(Event::ClaimFailed {
-                        scope: self.name,
-                        key: key.key,
-                        error: &error,
-                    });
-                    return Err(E::from(error));
-                }
+            // The key could not be claimed (nor, in a redrive, forgiven): the call fails closed.
+            let failed = |error: Error| {
+                let error = error.at_key(key.scope, key.key);
+                observe(Event::ClaimFailed {
+                    scope: self.name,
+                    key: key.key,
+                    error: &error,
+                });
+                E::from(error)
             };
+            let claimed = store
+                .claim_with(key, &token, options)
+                .await
+                .map_err(failed)?;
             match claimed {
                 Claimed::Acquired { generation, .. } => break generation,
                 Claimed::Completed(bytes) => {
@@ -272,19 +276,31 @@ impl<'a> Idempotent<'a> {
                     });
                     return Ok(value);
                 }
-                // No redelivery can change that while the key's record stands: settled.
-                Claimed::KeyReused => return Err(E::from(settled(Error::KeyReused))),
+                Claimed::KeyReused => {
+                    // Against a completed record, no redelivery can change that while the
+                    // record stands: settled. Against a live claim it can (that run may fail
+                    // and release the key), so a runner may deliver the job again.
+                    let completed = matches!(store.lookup(key).await, Ok(Some(_)));
+                    let error = if completed {
+                        settled(Error::KeyReused)
+                    } else {
+                        Error::KeyReused
+                    };
+                    return Err(E::from(error));
+                }
                 Claimed::Poisoned { crashes, first } => {
-                    // Inside a redrive of this job's own letter, the operator asked for the
-                    // job to run again: the key is forgiven, and claimed again.
-                    if !forgiven && crate::dead_letter::redriven(self.name, Some(self.key)) {
+                    // Inside a redrive of this job's own `crashed` letter, the operator asked
+                    // for the poison job to run again: the key is forgiven, and claimed again.
+                    if !forgiven && crate::dead_letter::redriven_crashed(self.name, self.key) {
                         forgiven = true;
-                        store.forgive(key).await.map_err(E::from)?;
-                        log_warn(format_args!(
-                            "jobguard: job {} with key {} is redriven from its dead letter: its \
-                             poisoned key ({crashes} crashes) is forgiven and the job runs again",
-                            self.name, self.key
-                        ));
+                        if store.forgive(key).await.map_err(failed)? {
+                            log_warn(format_args!(
+                                "jobguard: job {} with key {} is redriven from its crashed dead \
+                                 letter: its poisoned key ({crashes} crashes) is forgiven and the \
+                                 job runs again",
+                                self.name, self.key
+                            ));
+                        }
                         continue;
                     }
                     if first {

@@ -55,7 +55,7 @@
 //!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share; `store` holds the
 //!   `#[idempotent]` default scope's check, which both of the last two run.
 //! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
-//!   views. May import `record`, `classify`, `attempt`.
+//!   views. May import `record`, `classify`, `attempt`, `error`.
 //! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
 //!   import `classify`, `error`.
 //! - `attempt`: [`attempt()`], [`fence()`] and [`Delivery`]. Imports nothing of the crate.

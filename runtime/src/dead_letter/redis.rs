@@ -319,7 +319,8 @@ impl RedisDeadLetters {
             return Ok(false);
         };
         let (job_name, key) = (letter.job.clone(), letter.key.clone());
-        crate::dead_letter::redriving(job_name, key, job(letter))
+        let reason = letter.reason;
+        crate::dead_letter::redriving(job_name, key, reason, job(letter))
             .await
             .map_err(RedriveError::Job)?;
         self.remove(id).await.map_err(RedriveError::Store)?;

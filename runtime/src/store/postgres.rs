@@ -890,7 +890,7 @@ impl InTransaction<'_> {
         {
             Found::Acquired => {}
             Found::Completed(bytes) => return decode::<T>(&bytes).map_err(at_key),
-            Found::Reused => return Err(at_key(Error::KeyReused)),
+            Found::Reused { completed } => return Err(reused_error(completed)),
             Found::Claimed => return Err(E::from(Error::InProgress)),
         }
         let failed = match work(&mut *conn).await {
@@ -1018,7 +1018,7 @@ impl Begin<'_> {
         let at_key = |e: Error| E::from(settled(e).at_key(store_key.scope, store_key.key));
         match read_in(&mut *conn, &scope, &stored, fingerprint).await {
             Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(at_key),
-            Ok(Seen::Live(Found::Reused)) => return Err(at_key(Error::KeyReused)),
+            Ok(Seen::Live(Found::Reused { completed })) => return Err(reused_error(completed)),
             Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
             Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
             Err(e) => return Err(at_key(e)),
@@ -1035,15 +1035,26 @@ impl Begin<'_> {
             Ok(Found::Acquired) => {
                 return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await;
             }
-            Ok(Found::Completed(bytes)) => decode::<T>(&bytes),
-            Ok(Found::Reused) => Err(Error::KeyReused),
-            Ok(Found::Claimed) => Err(Error::InProgress),
-            Err(e) => Err(e),
+            Ok(Found::Completed(bytes)) => decode::<T>(&bytes).map_err(at_key),
+            Ok(Found::Reused { completed }) => Err(reused_error(completed)),
+            Ok(Found::Claimed) => Err(E::from(Error::InProgress)),
+            Err(e) => Err(at_key(e)),
         };
         // Nothing was written: the rollback only ends the transaction.
         let _ = tx.rollback().await;
-        found.map_err(at_key)
+        found
     }
+}
+
+/// [`Error::KeyReused`] for a key another fingerprint holds: `completed` settles a runner's
+/// delivery (no redelivery can change it while the record stands), a live claim does not (it
+/// may yet be released).
+fn reused_error<E: From<Error>>(completed: bool) -> E {
+    E::from(if completed {
+        settled(Error::KeyReused)
+    } else {
+        Error::KeyReused
+    })
 }
 
 /// Runs `work` in `tx`, the key claimed with `token`; writes the result and commits, or rolls
@@ -1195,7 +1206,11 @@ async fn store_result<T: crate::bounds::Replayable>(
 enum Found {
     Acquired,
     Completed(Vec<u8>),
-    Reused,
+    /// Another fingerprint holds the key: `completed`, or a live claim (which may yet be
+    /// released, so a runner's delivery is not settled by it).
+    Reused {
+        completed: bool,
+    },
     Claimed,
 }
 
@@ -1239,7 +1254,7 @@ async fn read_in(
         });
     }
     Ok(Seen::Live(if reused {
-        Found::Reused
+        Found::Reused { completed }
     } else if completed {
         let result: Option<Vec<u8>> = row.try_get(3).map_err(fail)?;
         Found::Completed(

@@ -122,8 +122,10 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
 
 /// `error`, after settling the runner's delivery in scope (see
 /// [`Delivery::scope_settled`](crate::Delivery::scope_settled)) when it is a refusal no
-/// redelivery can change while the key's record stands: a reused key, or a replay of a result
-/// that could not be kept. How the guard and `PgStore`'s transactional form return them.
+/// redelivery can change while the key's record stands: a key reused against a completed record
+/// (callers pass a reuse against a live claim, which may yet be released, unsettled), or a
+/// replay of a result that could not be kept. How the guard and `PgStore`'s transactional form
+/// return them.
 pub(crate) fn settled(error: Error) -> Error {
     if matches!(error, Error::KeyReused | Error::Unreplayable(_)) {
         crate::attempt::Delivery::settle();
