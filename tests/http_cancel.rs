@@ -191,7 +191,7 @@ async fn a_request_future_dropped_mid_handler_keeps_its_claim_until_the_response
 async fn a_panicking_handler_releases_its_claim_and_the_panic_reaches_the_caller() {
     let released = Arc::new(Notify::new());
     let seen = released.clone();
-    // The observer is in the caller's scope: the task the handler runs in inherits it.
+    // The observer is in the caller's scope: the panic unwinds in the caller's own poll.
     let runtime = Runtime::builder()
         .observer(move |e: &Event<'_>| {
             if matches!(e, Event::Released { key: "k-panic", .. }) {

@@ -275,7 +275,7 @@ async fn store_claims_fingerprints_and_a_connection_inside_a_transaction() {
         .run(async |_| Ok(1))
         .await;
     assert!(
-        matches!(&refused, Err(JobError::Guard(jobguard::Error::Store(m))) if m.contains("outside a transaction")),
+        matches!(&refused, Err(JobError::Guard(jobguard::Error::Config(m))) if m.contains("outside a transaction")),
         "{refused:?}"
     );
 }

@@ -434,3 +434,45 @@ async fn an_attempt_cut_while_its_savepoint_is_made_fails_closed() {
         "nothing of the transaction committed"
     );
 }
+
+static STATEMENT_TIMEOUT: AtomicU32 = AtomicU32::new(0);
+
+/// The first attempt's statement outlives the attempt: cut at 250 ms, the server ends it at
+/// 300 ms (`statement_timeout`), and its error is the answer the next attempt reads first.
+#[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.statement")]
+#[jobguard::retry(attempts = 2, base = "1ms", cap = "1ms", jitter = none, timeout = "250ms")]
+async fn outlives_its_attempt(tx: &mut PgConnection, key: &str) -> Result<i64, JobError> {
+    let id = effect(&mut *tx, key).await?;
+    if STATEMENT_TIMEOUT.fetch_add(1, Ordering::SeqCst) == 0 {
+        sqlx::query("SELECT pg_sleep(5)").execute(&mut *tx).await?;
+    }
+    Ok(id)
+}
+
+#[tokio::test]
+async fn a_statement_timeout_that_ends_a_cut_attempt_s_statement_does_not_fail_the_next() {
+    let Some(server) = PgServer::start() else {
+        return;
+    };
+    let pool = setup(&server).await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL statement_timeout = '300ms'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let id = outlives_its_attempt(&mut tx, "statement")
+        .await
+        .expect("the second attempt runs: the first's statement error is not its own");
+    tx.commit().await.unwrap();
+    assert_eq!(STATEMENT_TIMEOUT.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        effects(&pool, "statement").await,
+        1,
+        "the cut attempt's row"
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT id FROM effects WHERE key = 'statement'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, id);
+}

@@ -95,6 +95,17 @@
 //! has nowhere to run on, and its claim lapses with its lease. A server whose runtime shuts
 //! down mid-request ends the task too: the claim is released, or lapses with its lease.
 //!
+//! What the task does not carry: anything a layer *outside* this one put in a tokio
+//! `task_local!` (a request id, a tracing or Sentry context of its own, an authenticated
+//! user), since the task runs outside that layer's future. A handler that reads such a value
+//! after its client left would fail in the task, and a panic there releases the key, so that
+//! the repeat runs the handler again: put layers that set per-request context *inside*
+//! `IdempotencyLayer`, or have the handler read the request's extensions instead. Nor does a
+//! limit outside the layer (a concurrency limit, a load shedder, a timeout) count the task: it
+//! gives its slot back when the response future is dropped, while the handler runs on, and a
+//! graceful shutdown of the server does not wait for such tasks (a runtime dropped under them
+//! ends them, and their claims lapse with their lease). Put limits inside the layer too.
+//!
 //! # Streaming responses
 //!
 //! A guarded response (a keyed request to a guarded method) is buffered whole before the client

@@ -989,7 +989,7 @@ impl Begin<'_> {
             ..
         } = self.0;
         if conn.is_in_transaction() {
-            return Err(E::from(Error::Store(
+            return Err(E::from(Error::Config(
                 "PgStore::begin needs a connection outside a transaction \
                  (inside the caller's transaction, use PgStore::in_transaction)"
                     .into(),
@@ -1373,10 +1373,10 @@ WHERE scope = $1 AND key = $2 AND token = $3
 ///
 /// * The first [`attempt`](Self::attempt) sends `SAVEPOINT` under a name no other `Savepoint`
 ///   of the process has (so a guarded call nested in the work, on the same connection, has its
-///   own), with a transaction-local setting (`jobguard.<name>`) in the same message. An attempt
-///   cut while that message waits to be sent (sqlx first reads the answer of a statement an
-///   earlier cut left running) leaves the next attempt to read the setting: made, it rolls
-///   back to the savepoint; not made, it makes it.
+///   own). An attempt cut while that statement waits to be sent (sqlx first reads the answer of
+///   a statement an earlier cut left running) or answered ran no work after it: the next attempt
+///   sends `SAVEPOINT` again, and if the first had reached the server, the two savepoints of one
+///   name have no write between them (`ROLLBACK TO` and `RELEASE` act on the newer).
 /// * Each later attempt starts with `ROLLBACK TO SAVEPOINT`, unless the previous one failed and
 ///   was rolled back already. So an attempt that was **cut** (its future dropped while it ran: a
 ///   per-attempt `timeout`, a `budget`, a lost `select!`) has its writes rolled back before the
@@ -1384,7 +1384,9 @@ WHERE scope = $1 AND key = $2 AND token = $3
 ///   for a statement the cut attempt had sent: sqlx reads its answer first, and the server runs
 ///   it to its end. To have the server stop a long statement, set a `statement_timeout` for the
 ///   transaction (`SET LOCAL statement_timeout = '5s'`): it fails the statement with an error,
-///   which the savepoint rolls back like any other.
+///   which the next attempt reads and sets aside (a `SELECT 1` before its rollback, whose error
+///   is not kept) before it rolls back to the savepoint and runs. Keep the attempt's `timeout`
+///   above the `statement_timeout`, or the next attempt spends its own time waiting.
 /// * An attempt that fails is rolled back to the savepoint at once, so the transaction takes
 ///   statements again (after a deadlock, `40P01`, say).
 /// * [`finish`](Self::finish), after the policy: a success releases the savepoint, the writes of
@@ -1433,6 +1435,7 @@ WHERE scope = $1 AND key = $2 AND token = $3
 ///
 /// [`Policy::run`]: crate::Policy::run
 #[derive(Debug)]
+#[must_use = "a Savepoint's `finish` rolls back a cut last attempt's writes, or releases a successful one's"]
 pub struct Savepoint {
     name: String,
     state: SavepointState,
@@ -1445,8 +1448,10 @@ enum SavepointState {
     Unsent,
     /// The `SAVEPOINT` was under way when its attempt was cut: sqlx sends a statement only once
     /// the connection has read the answers still due (those of a statement an earlier cut left
-    /// running), so it may not have been sent. Its message set a transaction-local marker
-    /// first, which the next attempt reads.
+    /// running), so it may not have been sent. Nothing ran after it (the work starts once it is
+    /// answered), so the next attempt sends it again: a second savepoint of the name, with no
+    /// write between the two, which `ROLLBACK TO` and `RELEASE` (acting on the newest) treat as
+    /// one.
     Unsure,
     /// Sent, and writes may have followed it (an attempt ran, or is cut).
     Dirty,
@@ -1489,18 +1494,6 @@ impl Savepoint {
         E: crate::bounds::FromJobguard,
     {
         let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
-        if self.state == SavepointState::Unsure {
-            let marker: Option<String> = sqlx::query_scalar("SELECT current_setting($1, true)")
-                .bind(self.marker())
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(|e| fail("savepoint failed", e))?;
-            if marker.as_deref() == Some("1") {
-                self.state = SavepointState::Dirty;
-            } else {
-                self.state = SavepointState::Unsent;
-            }
-        }
         let before = self.state;
         // Marked before anything is sent: once the statement may have reached the server, a
         // later attempt finds out whether it did, or rolls back to it.
@@ -1510,19 +1503,17 @@ impl Savepoint {
         };
         match before {
             SavepointState::Unsent | SavepointState::Unsure => {
-                // One message: the marker is set outside the savepoint, so that a rollback to
-                // it keeps the marker.
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "SELECT set_config('{}', '1', true); SAVEPOINT {}",
-                    self.marker(),
-                    self.name
-                )))
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| fail("savepoint failed", e))?;
+                self.execute(conn, "SAVEPOINT")
+                    .await
+                    .map_err(|e| fail("savepoint failed", e))?;
                 self.state = SavepointState::Dirty;
             }
             SavepointState::Dirty => {
+                // The answer of a statement the cut attempt left running (a `statement_timeout`
+                // that ended it, say) is read first, and is not this rollback's error.
+                drain(conn)
+                    .await
+                    .map_err(|e| fail("rolling back the earlier attempt failed", e))?;
                 self.execute(conn, "ROLLBACK TO SAVEPOINT")
                     .await
                     .map_err(|e| fail("rolling back the earlier attempt failed", e))?;
@@ -1563,15 +1554,12 @@ impl Savepoint {
                 result
             }
             (Err(_), SavepointState::Dirty) => {
-                let _ = self.execute(conn, "ROLLBACK TO SAVEPOINT").await;
+                if drain(conn).await.is_ok() {
+                    let _ = self.execute(conn, "ROLLBACK TO SAVEPOINT").await;
+                }
                 result
             }
         }
-    }
-
-    /// The transaction-local setting that says the `SAVEPOINT` was sent.
-    fn marker(&self) -> String {
-        format!("jobguard.{}", self.name)
     }
 
     async fn execute(&self, conn: &mut PgConnection, verb: &str) -> Result<(), sqlx::Error> {
@@ -1579,6 +1567,18 @@ impl Savepoint {
             .execute(conn)
             .await
             .map(drop)
+    }
+}
+
+/// Waits for the answers a cut attempt left due on `conn`, with a `SELECT 1` whose database
+/// error is not kept: sqlx reports such an answer's error (a statement that the cut attempt
+/// left running and `statement_timeout` ended) as the next statement's, and, in a transaction
+/// that error aborted, the `SELECT 1` fails too until the rollback to the savepoint. An error of
+/// the connection itself is returned.
+async fn drain(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    match sqlx::raw_sql("SELECT 1").execute(&mut *conn).await {
+        Ok(_) | Err(sqlx::Error::Database(_)) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -1655,10 +1655,7 @@ where
     }
     if crate::attempt::attempt().is_some_and(|a| a.number > 1) {
         // Whatever an earlier attempt left running ends here, not in the SAVEPOINT's wait.
-        sqlx::raw_sql("SELECT 1")
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| fail("savepoint failed", e))?;
+        drain(conn).await.map_err(|e| fail("savepoint failed", e))?;
     }
     // Dropped while `work` runs, `attempt` queues its `ROLLBACK TO SAVEPOINT` on `conn`.
     let mut attempt = conn
