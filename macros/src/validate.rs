@@ -277,8 +277,9 @@ const SQLX_ERROR: &str = "`sqlx::Error` cannot carry jobguard's own errors (a ke
     impl From<jobguard::Error> for JobError { fn from(e: jobguard::Error) -> Self { JobError::Guard(e) } }";
 
 /// The error type of `func`'s `Result<T, E>` when it is written as a path ending in
-/// `sqlx::Error` (`sqlx::Error`, `::sqlx::Error`, `sqlx::error::Error`). An `Error` imported
-/// from sqlx under its bare name cannot be told from another.
+/// `sqlx::Error` (`sqlx::Error`, `::sqlx::Error`, `sqlx::error::Error`), or the whole return
+/// type when it is `sqlx::Result<T>`. An `Error` or `Result` imported from sqlx under its bare
+/// name cannot be told from another.
 fn sqlx_error(func: &ItemFn) -> Option<&Type> {
     let syn::ReturnType::Type(_, ret) = &func.sig.output else {
         return None;
@@ -291,6 +292,12 @@ fn sqlx_error(func: &ItemFn) -> Option<&Type> {
     let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
         return None;
     };
+    let from_sqlx = p.qself.is_none()
+        && p.path.segments.len() >= 2
+        && p.path.segments.first().is_some_and(|s| s.ident == "sqlx");
+    if from_sqlx && args.args.len() == 1 {
+        return Some(ret);
+    }
     let error = args.args.iter().nth(1).and_then(|a| match a {
         syn::GenericArgument::Type(t) => Some(t),
         _ => None,
@@ -482,6 +489,8 @@ mod tests {
             "Result<u8, sqlx::Error>",
             "Result<u8, ::sqlx::Error>",
             "std::result::Result<(), sqlx::error::Error>",
+            "sqlx::Result<u8>",
+            "::sqlx::Result<()>",
         ] {
             assert!(found(ret), "{ret}");
         }

@@ -120,6 +120,7 @@ macro_rules! __conformance_checks {
             forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero,
             forgive_leaves_a_completed_record_and_a_live_claim_as_they_are,
             a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_it,
+            a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it,
         );
     };
 }
@@ -1340,6 +1341,58 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     assert_eq!(
         store.claim_with(live, "w4", long).await,
         Ok(Claimed::Completed(b"done".to_vec()))
+    );
+}
+
+/// A `forgive` racing eight claims of a key whose claim lapsed: whichever goes first, exactly
+/// one claim acquires the key (generation 2), and the winner's claim is never undone by the
+/// forgive (its `complete` is taken, and the next claim replays it). A forgive that read the
+/// lapsed claim and then wrote over the takeover would free a live claim and make two holders.
+pub async fn a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it<B: Backend>(b: &B) {
+    let store = b.store();
+    let k = key("forgive-takeover");
+    let short = ClaimOptions::new(CRASH_LEASE).crashes(5).ttl(DAY);
+    assert_eq!(store.claim_with(k, "dead", short).await, Ok(acquired(1, 0)));
+    // The dead worker's lease runs out (time passing, on the server's clock for a server).
+    tokio::time::sleep(CRASH_LEASE + Duration::from_millis(100)).await;
+    let long = ClaimOptions::new(LONG).crashes(5).ttl(DAY);
+    let barrier = Arc::new(tokio::sync::Barrier::new(9));
+    let mut claims = Vec::new();
+    for n in 0..8 {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        claims.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let k = key("forgive-takeover");
+            store.claim_with(k, &format!("c{n}"), long).await
+        }));
+    }
+    let forgiver = {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            store.forgive(key("forgive-takeover")).await
+        })
+    };
+    let mut acquired_by = Vec::new();
+    for (n, claim) in claims.into_iter().enumerate() {
+        match claim.await.expect("claimer") {
+            Ok(Claimed::Acquired { generation, .. }) => {
+                assert_eq!(generation, 2, "c{n}");
+                acquired_by.push(format!("c{n}"));
+            }
+            Ok(Claimed::InProgress { .. }) => {}
+            other => panic!("c{n}: {other:?}"),
+        }
+    }
+    assert!(forgiver.await.expect("forgiver").is_ok());
+    assert_eq!(acquired_by.len(), 1, "one holder: {acquired_by:?}");
+    store
+        .complete(k, &acquired_by[0], b"once", DAY)
+        .await
+        .expect("the winner's claim stands");
+    assert_eq!(
+        store.claim_with(k, "late", long).await,
+        Ok(Claimed::Completed(b"once".to_vec()))
     );
 }
 
