@@ -381,6 +381,9 @@ async fn the_stream_is_trimmed_to_about_its_bound_keeping_the_newest() {
     let Some(server) = RedisServer::start() else {
         return;
     };
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
     let letters = connect(&server).await.max_len(50);
     for n in 0..1_000 {
         letters.send(letter(n)).await.unwrap();
@@ -388,6 +391,21 @@ async fn the_stream_is_trimmed_to_about_its_bound_keeping_the_newest() {
     // `MAXLEN ~` trims whole stream nodes (100 entries by default), never below the bound.
     let len = letters.len().await.unwrap();
     assert!((50..150).contains(&len), "{len} letters kept");
+    // What was trimmed is said, letter for letter: no letter goes in silence.
+    let said: u64 = capture
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(level, message, _)| {
+            *level == tracing::Level::WARN && message.contains("oldest letter(s)")
+        })
+        .map(|(_, message, _)| {
+            let count = message.split("gave up its ").nth(1).unwrap();
+            count.split(' ').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum();
+    assert_eq!(said, 1_000 - len as u64, "every trimmed letter counted");
     let listed = letters_of(&letters).await;
     assert_eq!(listed.len(), len);
     assert_eq!(listed.last().unwrap().1.error, "e999");

@@ -176,7 +176,9 @@ impl RedisDeadLetters {
         }
     }
 
-    /// Trims the stream to about `max_len` letters (at least 1) as new ones arrive.
+    /// Trims the stream to about `max_len` letters (at least 1) as new ones arrive. The oldest
+    /// letters go first, and each trim is said: a warning with how many went, and
+    /// `jobguard_dead_letters_dropped_total{sink="redis"}` (feature `metrics`).
     pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len.max(1);
         self
@@ -189,18 +191,43 @@ impl RedisDeadLetters {
 
     /// Appends one letter and returns its entry id.
     pub async fn add(&self, letter: &DeadLetter) -> Result<String, Error> {
-        let reply: Value = ::redis::cmd("XADD")
+        // The trim is its own command in the same round trip, so that the letters it gives up
+        // are counted and said (`XADD ... MAXLEN` trims without telling how many).
+        let (reply, trimmed): (Value, Value) = ::redis::pipe()
+            .cmd("XADD")
+            .arg(&*self.stream)
+            .arg("*")
+            .arg(FIELD)
+            .arg(encode(letter))
+            .cmd("XTRIM")
             .arg(&*self.stream)
             .arg("MAXLEN")
             .arg("~")
             .arg(self.max_len)
-            .arg("*")
-            .arg(FIELD)
-            .arg(encode(letter))
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.store_error("XADD", &e))?;
+        if let Value::Int(trimmed) = trimmed
+            && trimmed > 0
+        {
+            self.trimmed(trimmed.unsigned_abs());
+        }
         text(&reply).ok_or_else(|| Error::Store(format!("unexpected reply to XADD: {reply:?}")))
+    }
+
+    /// Says that the stream gave up its `count` oldest letters to stay near its bound: a warning
+    /// and `jobguard_dead_letters_dropped_total{sink="redis"}`. Their contents are gone, so the
+    /// warning says how to keep more.
+    #[cold]
+    fn trimmed(&self, count: u64) {
+        crate::observe::log_warn(format_args!(
+            "jobguard: dead-letter stream {} gave up its {count} oldest letter(s) to stay near its \
+             bound of {} (MAXLEN ~): raise RedisDeadLetters::max_len, or redrive and remove \
+             letters sooner",
+            self.stream, self.max_len
+        ));
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::dead_letters_dropped("redis", count);
     }
 
     /// Every entry, oldest first: its id, and its letter, or for an entry that is not a letter

@@ -15,7 +15,7 @@
 //! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result was not stored to replay: the write failed, the result cannot be kept, or an HTTP response was larger than the layer stores |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
-//! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity |
+//! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity (`sink="memory"`), or a Redis stream is trimmed to its `max_len` (`sink="redis"`, by the letters trimmed) |
 //! | `jobguard_dead_letters_lost_total` | counter | `job` | a sink refuses a job's dead letter (its `send` fails: Redis down, a closure's error); the letter is in the log, whole |
 //! | `jobguard_store_evictions_total` | counter | `store` | a bounded store gives up completed records before their TTL, by the number given up |
 //! | `jobguard_store_bytes` | gauge | `store` | the bytes [`MemoryStore`](crate::MemoryStore)s hold, summed: set by [`MemoryStore::stats`](crate::MemoryStore::stats), and once a second at most by a store that gives records up |
@@ -213,8 +213,14 @@ pub(crate) fn record(event: &Event<'_>) {
 /// Counts a letter a bounded sink dropped.
 #[cold]
 pub(crate) fn dead_letter_dropped(sink: &'static str) {
+    dead_letters_dropped(sink, 1);
+}
+
+/// Counts `count` letters a bounded sink dropped (a Redis stream trimmed to its bound).
+#[cold]
+pub(crate) fn dead_letters_dropped(sink: &'static str, count: u64) {
     let key = Key::from_parts(DEAD_LETTERS_DROPPED, vec![Label::new("sink", sink)]);
-    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+    ::metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(count));
 }
 
 /// The `store` label of [`MemoryStore`](crate::MemoryStore)'s metrics.
