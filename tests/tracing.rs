@@ -431,3 +431,78 @@ async fn a_crash_letter_the_sink_did_not_take_is_logged_whole() {
     assert_eq!(letter.key.as_deref(), Some("order-9"));
     assert_eq!(letter.reason, jobguard::GiveUp::Crashed);
 }
+
+#[jobguard::idempotent(key = order, scope = "tests.tracing.survivor", lease = "5s", crashes = 3)]
+async fn survivor(order: &str) -> Result<u64, jobguard::Error> {
+    Ok(order.len() as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_of_a_dead_worker_s_claim_and_a_poison_letter_are_said_with_job_and_key() {
+    use jobguard::{ClaimOptions, Claimed, Store, StoreKey};
+    let (events, _guard) = capture();
+    let store = MemoryStore::new();
+    let letters = MemoryDeadLetters::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(letters.clone())
+        .build();
+    // A worker claims the key and dies: the next call takes its claim over, counting a crash.
+    let key = StoreKey {
+        scope: "tests.tracing.survivor",
+        key: "order-7",
+    };
+    let options = ClaimOptions::new(Duration::from_secs(5)).crashes(3);
+    assert!(matches!(
+        store.claim_with(key, "dead worker", options).await,
+        Ok(Claimed::Acquired { .. })
+    ));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(runtime.scope(survivor("order-7")).await, Ok(7));
+    let said: Vec<_> = events
+        .events()
+        .into_iter()
+        .filter(|e| e.level == Level::WARN && e.message.contains("worker died holding it"))
+        .collect();
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(
+        said[0].message.contains("tests.tracing.survivor")
+            && said[0].message.contains("order-7")
+            && said[0]
+                .message
+                .contains("1 crash(es) counted (poisoned at 3)"),
+        "{}",
+        said[0].message
+    );
+
+    // A poison job's letter (the guard's, outside any retry span) names its job and key.
+    let key = StoreKey {
+        scope: "tests.tracing.poisoned",
+        key: "order-8",
+    };
+    let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
+    assert!(matches!(
+        store.claim_with(key, "dead worker", options).await,
+        Ok(Claimed::Acquired { .. })
+    ));
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        runtime.scope(poisoned("order-8")).await,
+        Err(jobguard::Error::Poisoned { crashes: 1 })
+    );
+    let gave_up: Vec<_> = events
+        .events()
+        .into_iter()
+        .filter(|e| e.message == "gave up")
+        .collect();
+    assert_eq!(gave_up.len(), 1, "{gave_up:#?}");
+    assert_eq!(
+        gave_up[0].fields.get("job").map(String::as_str),
+        Some("tests.tracing.poisoned")
+    );
+    assert_eq!(
+        gave_up[0].fields.get("key").map(String::as_str),
+        Some("order-8")
+    );
+    assert_eq!(letters.letters().len(), 1);
+}

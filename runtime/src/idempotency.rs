@@ -261,7 +261,15 @@ impl<'a> Idempotent<'a> {
                 .await
                 .map_err(failed)?;
             match claimed {
-                Claimed::Acquired { generation, .. } => break generation,
+                Claimed::Acquired {
+                    generation,
+                    crashes,
+                } => {
+                    if crashes > 0 {
+                        crashed_before(self.name, self.key, crashes, self.crashes);
+                    }
+                    break generation;
+                }
                 Claimed::Completed(bytes) => {
                     let value = match decode::<T>(&bytes) {
                         Ok(value) => value,
@@ -495,6 +503,21 @@ impl<'a> Idempotent<'a> {
         }
         Ok(value)
     }
+}
+
+/// Says that a claim took over one a dead worker left (its lease lapsed without a result or a
+/// release): the job's `crashes` so far, against its `limit` (`0`: none), so that an operator
+/// sees a job killing its workers before it is poisoned.
+#[cold]
+fn crashed_before(job: &str, key: &str, crashes: u32, limit: u32) {
+    let limit = match limit {
+        0 => "no crash limit".to_owned(),
+        n => format!("poisoned at {n}"),
+    };
+    log_warn(format_args!(
+        "jobguard: job {job} with key {key} runs again after its worker died holding it: {crashes} \
+         crash(es) counted ({limit})"
+    ));
 }
 
 /// The scope a job named `name` stores its keys under: the name, with `.` for `::`.
