@@ -18,9 +18,12 @@ pub enum Error {
     /// The key was used before with a different fingerprint (other arguments): never a silent
     /// replay of someone else's result.
     KeyReused,
-    /// The circuit breaker in front of the dependency is open.
+    /// The circuit breaker in front of the dependency is open, or half-open with all its probes
+    /// under way.
     CircuitOpen {
-        /// Time until the breaker lets a probe through.
+        /// Time until the breaker lets a probe through: zero when it is half-open and its probe
+        /// slots are taken (it admits again as soon as a probe ends, at a time it cannot know;
+        /// a caller that waits on this should wait at least its own base delay).
         retry_in: Duration,
     },
     /// One attempt ran longer than the policy's `timeout`.

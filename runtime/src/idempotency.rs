@@ -62,7 +62,9 @@
 //! The redrive is the operator's word that the poison job is to run again, **in the redriving
 //! process**: do it once the cause is fixed, from a process that may die. If the redriven run
 //! kills its process again, the letter stays (the redrive did not succeed), and its lapsed claim
-//! counts as a crash like any other. The forgiving is on the redrive's own task: a redrive
+//! counts as a crash like any other: the count started again at 0, so later deliveries may run
+//! the job up to `crashes` more times before it is poisoned again, with a second letter. The
+//! forgiving is on the redrive's own task: a redrive
 //! closure that only enqueues the job for a runner must call [`forgive`] first, or the runner's
 //! delivery is refused. Outside a redrive, a poisoned key is never forgiven on its own.
 
