@@ -51,6 +51,28 @@ async fn hang_first(calls: &AtomicU32) {
     }
 }
 
+/// Writes `key`'s effect; the first attempt (by `calls`) then stalls past the timeout, inside a
+/// statement the server runs (`in_statement`: the next attempt's first statement waits for its
+/// end, about half a second) or between statements.
+async fn write_then_stall(
+    tx: &mut PgConnection,
+    key: &str,
+    calls: &AtomicU32,
+    in_statement: bool,
+) -> Result<(), JobError> {
+    effect(&mut *tx, key).await?;
+    if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+        if in_statement {
+            sqlx::query("SELECT pg_sleep(0.5)")
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            tokio::time::sleep(HANG).await;
+        }
+    }
+    Ok(())
+}
+
 static CALLER_TX: AtomicU32 = AtomicU32::new(0);
 
 #[jobguard::idempotent(key = key, transaction = tx, scope = "t.timeout.caller")]
@@ -130,19 +152,7 @@ async fn the_manual_pattern_rolls_a_cut_attempt_back_between_or_during_statement
                 POLICY
                     .run("t.timeout.manual", async |_attempt| {
                         savepoint(&mut *tx, async |tx| {
-                            effect(&mut *tx, key).await?;
-                            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                                if in_statement {
-                                    // Cut while the server runs it; the next attempt's first
-                                    // statement waits for its end (about half a second).
-                                    sqlx::query("SELECT pg_sleep(0.5)")
-                                        .execute(&mut *tx)
-                                        .await?;
-                                } else {
-                                    tokio::time::sleep(HANG).await;
-                                }
-                            }
-                            Ok::<_, JobError>(())
+                            write_then_stall(tx, key, &calls, in_statement).await
                         })
                         .await
                     })
@@ -306,17 +316,7 @@ async fn a_savepoint_for_the_call_rolls_a_cut_attempt_back_between_or_during_sta
             .run("t.timeout.savepoint", async |_attempt| {
                 attempts
                     .attempt(&mut tx, async |tx| {
-                        effect(&mut *tx, key).await?;
-                        if calls.fetch_add(1, Ordering::SeqCst) == 0 {
-                            if in_statement {
-                                sqlx::query("SELECT pg_sleep(0.5)")
-                                    .execute(&mut *tx)
-                                    .await?;
-                            } else {
-                                tokio::time::sleep(HANG).await;
-                            }
-                        }
-                        Ok::<_, JobError>(())
+                        write_then_stall(tx, key, &calls, in_statement).await
                     })
                     .await
             })

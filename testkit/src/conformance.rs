@@ -1344,6 +1344,36 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     );
 }
 
+/// Eight claims of `name` (tokens `c0`..`c7`, with `options`) and one `forgive` of it, let go
+/// at once: the claims' answers in order, and the forgive's.
+async fn race_forgive<S: Store + Clone + 'static>(
+    store: &S,
+    name: &'static str,
+    options: ClaimOptions<'static>,
+) -> (Vec<Result<Claimed, Error>>, Result<bool, Error>) {
+    let barrier = Arc::new(tokio::sync::Barrier::new(9));
+    let mut claims = Vec::new();
+    for n in 0..8 {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        claims.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store.claim_with(key(name), &format!("c{n}"), options).await
+        }));
+    }
+    let forgiver = {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            store.forgive(key(name)).await
+        })
+    };
+    let mut answers = Vec::new();
+    for claim in claims {
+        answers.push(claim.await.expect("claimer"));
+    }
+    (answers, forgiver.await.expect("forgiver"))
+}
+
 /// A `forgive` racing eight claims of a key whose claim lapsed: whichever goes first, exactly
 /// one claim acquires the key (generation 2), and the winner's claim is never undone by the
 /// forgive (its `complete` is taken, and the next claim replays it). A forgive that read the
@@ -1356,26 +1386,10 @@ pub async fn a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it<B: 
     // The dead worker's lease runs out (time passing, on the server's clock for a server).
     tokio::time::sleep(CRASH_LEASE + Duration::from_millis(100)).await;
     let long = ClaimOptions::new(LONG).crashes(5).ttl(DAY);
-    let barrier = Arc::new(tokio::sync::Barrier::new(9));
-    let mut claims = Vec::new();
-    for n in 0..8 {
-        let (store, barrier) = (store.clone(), barrier.clone());
-        claims.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let k = key("forgive-takeover");
-            store.claim_with(k, &format!("c{n}"), long).await
-        }));
-    }
-    let forgiver = {
-        let (store, barrier) = (store.clone(), barrier.clone());
-        tokio::spawn(async move {
-            barrier.wait().await;
-            store.forgive(key("forgive-takeover")).await
-        })
-    };
+    let (claims, forgiven) = race_forgive(&store, "forgive-takeover", long).await;
     let mut acquired_by = Vec::new();
     for (n, claim) in claims.into_iter().enumerate() {
-        match claim.await.expect("claimer") {
+        match claim {
             Ok(Claimed::Acquired { generation, .. }) => {
                 assert_eq!(generation, 2, "c{n}");
                 acquired_by.push(format!("c{n}"));
@@ -1384,7 +1398,7 @@ pub async fn a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it<B: 
             other => panic!("c{n}: {other:?}"),
         }
     }
-    assert!(forgiver.await.expect("forgiver").is_ok());
+    assert!(forgiven.is_ok());
     assert_eq!(acquired_by.len(), 1, "one holder: {acquired_by:?}");
     store
         .complete(k, &acquired_by[0], b"once", DAY)
@@ -1409,26 +1423,10 @@ pub async fn a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_
     assert_eq!(generations, [1]);
     assert!(matches!(refused, Claimed::Poisoned { first: true, .. }));
     let long = ClaimOptions::new(LONG).crashes(1).ttl(DAY);
-    let barrier = Arc::new(tokio::sync::Barrier::new(9));
-    let mut claims = Vec::new();
-    for n in 0..8 {
-        let (store, barrier) = (store.clone(), barrier.clone());
-        claims.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let k = key("forgive-race");
-            store.claim_with(k, &format!("c{n}"), long).await
-        }));
-    }
-    let forgiver = {
-        let (store, barrier) = (store.clone(), barrier.clone());
-        tokio::spawn(async move {
-            barrier.wait().await;
-            store.forgive(key("forgive-race")).await
-        })
-    };
+    let (claims, forgiven) = race_forgive(&store, "forgive-race", long).await;
     let mut acquired_by = Vec::new();
     for (n, claim) in claims.into_iter().enumerate() {
-        match claim.await.expect("claimer") {
+        match claim {
             Ok(Claimed::Acquired {
                 generation,
                 crashes,
@@ -1440,7 +1438,7 @@ pub async fn a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_
             other => panic!("c{n}: {other:?}"),
         }
     }
-    assert_eq!(forgiver.await.expect("forgiver"), Ok(true));
+    assert_eq!(forgiven, Ok(true));
     assert!(acquired_by.len() <= 1, "two holders: {acquired_by:?}");
     // After the race the key is held by the one that acquired it, or free for the next.
     let after = store.claim_with(k, "late", long).await;
