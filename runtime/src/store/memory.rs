@@ -1017,19 +1017,32 @@ impl Shard {
         else {
             return;
         };
+        let (before, after, entry) = Self::freed(record, &mut self.last_stamp, op.hash, op.now);
+        self.heap = self.heap + after - before;
+        self.push_entry(op, false, entry);
+    }
+
+    /// Makes `record` (of the key hashed `hash`) a released key's history, stamped `now`: no
+    /// token, no payload, its generation, crash count and expiry kept. Its heap bytes before and
+    /// after, and the entry that puts it in the released keys' order (see `push_entry`). How a
+    /// release and a forgive free a key.
+    fn freed(
+        record: &mut Record,
+        last_stamp: &mut u64,
+        hash: u64,
+        now: u64,
+    ) -> (usize, usize, Entry) {
         let before = record.heap();
-        let stamp = Self::stamp(&mut self.last_stamp, op.now);
+        let stamp = Self::stamp(last_stamp, now);
         record.state = State::Free;
         record.set_payload(&[]);
         record.at = stamp;
-        let expires = record.expires;
-        self.heap = self.heap + record.heap() - before;
         let entry = Entry {
             stamp,
-            hash: op.hash,
-            expires,
+            hash,
+            expires: record.expires,
         };
-        self.push_entry(op, false, entry);
+        (before, record.heap(), entry)
     }
 }
 
@@ -1054,19 +1067,9 @@ impl Shard {
             State::Claimed if record.at > now => false,
             State::Free => std::mem::replace(&mut record.crashes, 0) > 0,
             State::Poisoned | State::Claimed => {
-                let before = record.heap();
-                let stamp = Self::stamp(&mut self.last_stamp, now);
-                record.state = State::Free;
                 record.crashes = 0;
-                record.set_payload(&[]);
-                record.at = stamp;
-                let expires = record.expires;
-                self.heap = self.heap + record.heap() - before;
-                let entry = Entry {
-                    stamp,
-                    hash,
-                    expires,
-                };
+                let (before, after, entry) = Self::freed(record, &mut self.last_stamp, hash, now);
+                self.heap = self.heap + after - before;
                 self.push_entry(op, false, entry);
                 true
             }
