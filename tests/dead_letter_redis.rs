@@ -762,3 +762,49 @@ async fn a_letter_the_server_refused_is_raised_once_and_logged_as_the_stream_rec
         "{id}"
     );
 }
+
+/// A user whose ACL allows `XADD` but not `XTRIM`: the letter is taken (never reported lost, so
+/// never logged to be added twice), and the failed trim is said.
+#[tokio::test]
+async fn a_letter_the_stream_took_is_not_lost_when_its_trim_is_refused() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let admin = connect(&server).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("writer")
+        .arg("on")
+        .arg("nopass")
+        .arg("~*")
+        .arg("+@all")
+        .arg("-xtrim")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let url = format!("redis://writer:x@127.0.0.1:{}/", server.port());
+    let writer = RedisDeadLetters::connect(&url, STREAM).await.unwrap();
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let id = writer
+        .add(&letter(1))
+        .await
+        .expect("the stream took the letter");
+    assert!(admin.get(&id).await.unwrap().is_some());
+    let said = capture.0.lock().unwrap().clone();
+    assert!(
+        said.iter()
+            .any(|(level, message, _)| *level == tracing::Level::WARN
+                && message.contains("XTRIM failed")),
+        "{said:?}"
+    );
+    assert!(
+        !said
+            .iter()
+            .any(|(_, message, _)| message.contains("was lost")),
+        "{said:?}"
+    );
+}

@@ -377,8 +377,8 @@ async fn leave_a_statement_running(conn: &mut PgConnection) {
 }
 
 /// An attempt cut while its own `SAVEPOINT` waits (here behind a statement left running, so
-/// the `SAVEPOINT` is never sent): with a `Savepoint`, the next attempt finds out that it was
-/// not made, makes it, and the call succeeds with one effect; `savepoint`, on
+/// the `SAVEPOINT` is never sent), twice: with a `Savepoint`, the next attempt sends it again,
+/// and the call succeeds with one effect; `savepoint`, on
 /// sqlx's savepoint transaction, has sqlx roll the whole transaction back, and then fails
 /// closed: the next call is `Error::Config`, and nothing of the transaction commits.
 #[tokio::test]
@@ -399,11 +399,18 @@ async fn an_attempt_cut_while_its_savepoint_is_made_fails_closed() {
     )
     .await;
     assert!(first.is_err(), "the first attempt was cut");
-    let second = attempts
+    // Cut again while the statement still runs: that SAVEPOINT is not sent either.
+    let again = tokio::time::timeout(
+        cut,
+        attempts.attempt(&mut tx, async |tx| effect(tx, "made").await),
+    )
+    .await;
+    assert!(again.is_err(), "the second attempt was cut");
+    let third = attempts
         .attempt(&mut tx, async |tx| effect(tx, "made").await)
         .await;
-    let second = attempts.finish(&mut tx, second).await;
-    assert!(second.is_ok(), "{second:?}");
+    let third = attempts.finish(&mut tx, third).await;
+    assert!(third.is_ok(), "{third:?}");
     tx.commit().await.unwrap();
     assert_eq!(
         (

@@ -507,9 +507,10 @@ impl<'a> Idempotent<'a> {
     }
 }
 
-/// Says that a claim took over one a dead worker left (its lease lapsed without a result or a
-/// release): the job's `crashes` so far, against its `limit` (`0`: none), so that an operator
-/// sees a job killing its workers before it is poisoned.
+/// Says that a key is claimed with crashes in its history (a worker died holding it: its lease
+/// lapsed without a result or a release; this claim may be the one that took it over, or a
+/// later one, since a release keeps the count): the `crashes` so far, against the `limit` (`0`:
+/// none), so that an operator sees a job killing its workers before it is poisoned.
 #[cold]
 fn crashed_before(job: &str, key: &str, crashes: u32, limit: u32) {
     let limit = match limit {
@@ -517,8 +518,8 @@ fn crashed_before(job: &str, key: &str, crashes: u32, limit: u32) {
         n => format!("poisoned at {n}"),
     };
     log_warn(format_args!(
-        "jobguard: job {job} with key {key} runs again after its worker died holding it: {crashes} \
-         crash(es) counted ({limit})"
+        "jobguard: job {job} with key {key} runs with {crashes} crash(es) counted, of workers that \
+         died holding it ({limit})"
     ));
 }
 

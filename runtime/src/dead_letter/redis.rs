@@ -192,8 +192,11 @@ impl RedisDeadLetters {
     /// Appends one letter and returns its entry id.
     pub async fn add(&self, letter: &DeadLetter) -> Result<String, Error> {
         // The trim is its own command in the same round trip, so that the letters it gives up
-        // are counted and said (`XADD ... MAXLEN` trims without telling how many).
-        let (reply, trimmed): (Value, Value) = ::redis::pipe()
+        // are counted and said (`XADD ... MAXLEN` trims without telling how many). Each reply is
+        // read on its own: a letter the stream took is never reported lost because the trim
+        // after it failed (an ACL without `xtrim`, say).
+        let replies: Vec<::redis::RedisResult<Value>> = ::redis::pipe()
+            .ignore_errors()
             .cmd("XADD")
             .arg(&*self.stream)
             .arg("*")
@@ -207,12 +210,29 @@ impl RedisDeadLetters {
             .query_async(&mut self.connection.clone())
             .await
             .map_err(|e| self.store_error("XADD", &e))?;
-        if let Value::Int(trimmed) = trimmed
-            && trimmed > 0
-        {
-            self.trimmed(trimmed.unsigned_abs());
+        let mut replies = replies.into_iter();
+        let reply = match replies.next() {
+            Some(reply) => reply.map_err(|e| self.store_error("XADD", &e))?,
+            None => return Err(Error::Store("no reply to XADD".into())),
+        };
+        match replies.next() {
+            Some(Ok(Value::Int(trimmed))) if trimmed > 0 => self.trimmed(trimmed.unsigned_abs()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => self.untrimmed(&e),
+            None => self.untrimmed(&"no reply"),
         }
         text(&reply).ok_or_else(|| Error::Store(format!("unexpected reply to XADD: {reply:?}")))
+    }
+
+    /// Says that the stream took a letter but could not be trimmed to its bound, so it grows.
+    #[cold]
+    fn untrimmed(&self, error: &dyn std::fmt::Display) {
+        crate::observe::log_warn(format_args!(
+            "jobguard: dead-letter stream {} took the letter, but XTRIM failed: {error}; the \
+             stream grows past its bound of {} until it can be trimmed (the connection's user \
+             needs the xtrim command)",
+            self.stream, self.max_len
+        ));
     }
 
     /// Says that the stream gave up its `count` oldest letters to stay near its bound: a warning

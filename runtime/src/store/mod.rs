@@ -240,7 +240,10 @@ pub trait Store: Send + Sync {
     /// hold a key a delivery may be claiming at the same moment.
     ///
     /// The stores of this crate implement it; a store of your own that does not fails with
-    /// [`Error::Store`](crate::Error::Store) saying so.
+    /// [`Error::Store`](crate::Error::Store) saying so. The guard also asks it whether a key
+    /// refused as [`KeyReused`](Claimed::KeyReused) was completed (which settles a runner's
+    /// delivery): with a store that cannot tell, such a delivery is not settled, and the runner
+    /// delivers it again until its own limit, refused each time.
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
         let _ = key;
         Box::pin(std::future::ready(Err(crate::Error::Store(

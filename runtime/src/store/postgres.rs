@@ -1498,7 +1498,9 @@ impl Savepoint {
         // Marked before anything is sent: once the statement may have reached the server, a
         // later attempt finds out whether it did, or rolls back to it.
         self.state = match before {
-            SavepointState::Unsent => SavepointState::Unsure,
+            // Unsure again: a second cut while the SAVEPOINT waits leaves it as unsure as the
+            // first, and the next attempt sends it once more.
+            SavepointState::Unsent | SavepointState::Unsure => SavepointState::Unsure,
             _ => SavepointState::Dirty,
         };
         match before {
