@@ -1444,15 +1444,13 @@ pub struct Savepoint {
 /// Where a [`Savepoint`] stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SavepointState {
-    /// No `SAVEPOINT` sent yet.
+    /// No `SAVEPOINT` answered yet. One whose attempt was cut while it was under way may not
+    /// have been sent (sqlx sends a statement only once the connection has read the answers
+    /// still due, those of a statement an earlier cut left running); nothing ran after it (the
+    /// work starts once it is answered), so the next attempt sends it again: a second savepoint
+    /// of the name, with no write between the two, which `ROLLBACK TO` and `RELEASE` (acting on
+    /// the newest) treat as one.
     Unsent,
-    /// The `SAVEPOINT` was under way when its attempt was cut: sqlx sends a statement only once
-    /// the connection has read the answers still due (those of a statement an earlier cut left
-    /// running), so it may not have been sent. Nothing ran after it (the work starts once it is
-    /// answered), so the next attempt sends it again: a second savepoint of the name, with no
-    /// write between the two, which `ROLLBACK TO` and `RELEASE` (acting on the newest) treat as
-    /// one.
-    Unsure,
     /// Sent, and writes may have followed it (an attempt ran, or is cut).
     Dirty,
     /// Rolled back to: the transaction stands where the first attempt started.
@@ -1494,21 +1492,13 @@ impl Savepoint {
         E: crate::bounds::FromJobguard,
     {
         let fail = |what: &str, e: sqlx::Error| E::from(store_error(what, &e));
-        let before = self.state;
-        // Marked before anything is sent: once the statement may have reached the server, a
-        // later attempt finds out whether it did, or rolls back to it.
-        self.state = match before {
-            // Unsure again: a second cut while the SAVEPOINT waits leaves it as unsure as the
-            // first, and the next attempt sends it once more.
-            SavepointState::Unsent | SavepointState::Unsure => SavepointState::Unsure,
-            _ => SavepointState::Dirty,
-        };
-        match before {
-            SavepointState::Unsent | SavepointState::Unsure => {
+        match self.state {
+            // Still `Unsent` if this attempt is cut before the answer: the next one sends it
+            // again.
+            SavepointState::Unsent => {
                 self.execute(conn, "SAVEPOINT")
                     .await
                     .map_err(|e| fail("savepoint failed", e))?;
-                self.state = SavepointState::Dirty;
             }
             SavepointState::Dirty => {
                 // The answer of a statement the cut attempt left running (a `statement_timeout`
@@ -1522,6 +1512,8 @@ impl Savepoint {
             }
             SavepointState::Clean => {}
         }
+        // The work may write after the savepoint from here on, however the attempt ends.
+        self.state = SavepointState::Dirty;
         match work(&mut *conn).await {
             Ok(value) => Ok(value),
             Err(error) => {
@@ -1546,9 +1538,8 @@ impl Savepoint {
         E: crate::bounds::FromJobguard,
     {
         match (&result, self.state) {
-            // Unsure: the last attempt was cut before its work ran, so it wrote nothing.
-            (_, SavepointState::Unsent | SavepointState::Unsure)
-            | (Err(_), SavepointState::Clean) => result,
+            // Unsent: the last attempt was cut before its work ran, so it wrote nothing.
+            (_, SavepointState::Unsent) | (Err(_), SavepointState::Clean) => result,
             (Ok(_), _) => {
                 self.execute(conn, "RELEASE SAVEPOINT")
                     .await
