@@ -442,23 +442,28 @@ pub(crate) fn redriving<F: Future>(
     REDRIVING.scope((job, key, reason), fut)
 }
 
+/// The reason of the letter being redriven on this task, when it is a letter of `job` under
+/// `key`: `None` outside a redrive, or in the redrive of another job's letter.
+fn redriven_letter(job: &str, key: Option<&str>) -> Option<GiveUp> {
+    REDRIVING
+        .try_with(|(redriven, its_key, reason)| {
+            (redriven == job && its_key.as_deref() == key).then_some(*reason)
+        })
+        .ok()
+        .flatten()
+}
+
 /// Whether a give-up of `job` under `key` is the redriven letter's job giving up again, whose
 /// letter stands for it.
 pub(crate) fn redriven(job: &str, key: Option<&str>) -> bool {
-    REDRIVING
-        .try_with(|(redriven, its_key, _)| redriven == job && its_key.as_deref() == key)
-        .unwrap_or(false)
+    redriven_letter(job, key).is_some()
 }
 
 /// Whether `job` under `key` runs in the redrive of its own `crashed` letter: the operator's
 /// word that the poison job is to run again, so its poisoned key may be forgiven. A redrive of
 /// a letter of another reason forgives nothing.
 pub(crate) fn redriven_crashed(job: &str, key: &str) -> bool {
-    REDRIVING
-        .try_with(|(redriven, its_key, reason)| {
-            *reason == GiveUp::Crashed && redriven == job && its_key.as_deref() == Some(key)
-        })
-        .unwrap_or(false)
+    redriven_letter(job, Some(key)) == Some(GiveUp::Crashed)
 }
 
 /// Sends `letter` to `sink`, and reports a letter the sink refuses ([`letter_lost`]): `true`
