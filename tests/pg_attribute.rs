@@ -2,7 +2,7 @@
 //! caller's transaction through the attribute, for both parameter types, and with `#[retry]`
 //! each attempt in a savepoint that a failed one rolls back.
 
-use jobguard_testkit::pg_job::JobError;
+use jobguard_testkit::pg_job::{JobError, effects};
 use jobguard_testkit::postgres;
 
 use jobguard::PgStore;
@@ -68,14 +68,6 @@ async fn setup(server: &PgServer) -> PgPool {
         .await
         .unwrap();
     store.pool().clone()
-}
-
-async fn effects(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 #[tokio::test]

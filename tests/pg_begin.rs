@@ -6,7 +6,7 @@
 //! round trips each transactional form sends, counted by a proxy between the client and the
 //! server.
 
-use jobguard_testkit::pg_job::{JobError, pool};
+use jobguard_testkit::pg_job::{JobError, effects, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
@@ -75,14 +75,6 @@ async fn deliver(pool: &PgPool, key: &str, worker: &str) -> Result<i64, JobError
     PgStore::begin(&mut conn, SCOPE, key)
         .run(async |tx| effect(tx, key, worker).await)
         .await
-}
-
-async fn effects(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 async fn key_row(pool: &PgPool, key: &str) -> bool {

@@ -4,7 +4,7 @@
 //! transaction jobguard begins, through `Policy::run` and `savepoint` by hand (the attempt cut
 //! during a statement as well as between two), and with a guarded call nested in the cut one.
 
-use jobguard_testkit::pg_job::{JobError, pool};
+use jobguard_testkit::pg_job::{JobError, effects, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{Savepoint, savepoint};
@@ -34,14 +34,6 @@ async fn effect(conn: &mut PgConnection, key: &str) -> Result<i64, JobError> {
             .fetch_one(conn)
             .await?,
     )
-}
-
-async fn effects(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 /// The first attempt writes its effect, then hangs past the timeout and is cut.

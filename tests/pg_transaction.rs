@@ -3,7 +3,7 @@
 //! the key's row, 200 keys delivered 8 times each from 4 processes, a worker killed between its
 //! effect and its commit, and a deadlock retried in a savepoint.
 
-use jobguard_testkit::pg_job::{self, JobError, pool};
+use jobguard_testkit::pg_job::{self, JobError, effects, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
@@ -53,14 +53,6 @@ async fn deliver(pool: &PgPool, key: &str, worker: &str) -> Result<i64, JobError
         .await?;
     tx.commit().await?;
     Ok(id)
-}
-
-async fn effects(pool: &PgPool, key: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }
 
 async fn key_rows(pool: &PgPool) -> i64 {

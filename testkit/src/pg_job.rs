@@ -1,6 +1,6 @@
 //! What the Postgres tests' jobs share: an error that is the database's or jobguard's (or a
-//! made-up transient one), classified as jobguard classifies each, and a pool with a patient
-//! acquire timeout for tests that race many deliveries.
+//! made-up transient one), classified as jobguard classifies each, a pool with a patient
+//! acquire timeout for tests that race many deliveries, and the count of a job's effect rows.
 
 use jobguard::{PgStore, StoreKey, Transient, Verdict};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -73,4 +73,14 @@ pub async fn lapse(pool: &PgPool, key: StoreKey<'_>) {
     .execute(pool)
     .await
     .expect("move the row into the past");
+}
+
+/// The rows of the tests' `effects` table written for `key`: how many times a job's effect
+/// landed (each test makes the table, with at least a `key text` column).
+pub async fn effects(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("count the effects")
 }
