@@ -213,18 +213,30 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                 let __jobguard_spec: Spec<'_> =       // a `static __JOBGUARD_SPEC` when it
 //                     Spec::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY)  // has no key, sink or
 //                         .key(&__jobguard_key);      // payload, and a `const` policy
-//                 let mut __jobguard_retry = Retry::new(&__jobguard_spec);
-//                 loop {
-//                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
-//                         .attempt(async { body }, ::jobguard::__private::transient)
-//                         .await
+//                 let mut __jobguard_attempt = async || { body };  // one attempt
+//                 '__jobguard_call: {
+//                     // The first attempt, holding nothing else: an `Ok` ends the call here.
+//                     let mut __jobguard_retry = match Retry::first(&__jobguard_spec,
+//                         __jobguard_attempt()).await
 //                     {
-//                         break __jobguard_done;
+//                         ControlFlow::Break(__jobguard_done) => break '__jobguard_call __jobguard_done,
+//                         ControlFlow::Continue(__jobguard_went) => __jobguard_went.resume(&__jobguard_spec),
+//                     };
+//                     loop {                              // the rounds after it (the first one
+//                         if let ControlFlow::Break(__jobguard_done) = __jobguard_retry  // settles
+//                             .attempt(__jobguard_attempt(), transient)  // attempt 1's failure)
+//                             .await
+//                         {
+//                             break __jobguard_done;
+//                         }
 //                     }
 //                 }
 //             })
 //             .await
 //     }
+//
+// A `timeout`, a `budget`, an `on_ok` classifier or a transaction keeps the plain loop:
+// `let mut __jobguard_retry = Retry::new(&spec); loop { ... .attempt(async { body }, ..) ... }`.
 fn expand(
     func: ItemFn,
     retry: Option<&RetryArgs>,
@@ -256,11 +268,17 @@ fn expand(
             (quote!(::core::concat!(::core::module_path!(), #name)), true)
         }
     };
-    let body = attempt_block(&block, ret);
     let brace = block.brace_token.span.join();
 
     let outer = match (retry, idempotent) {
-        (Some(r), None) => retry_loop(r, &krate, &job, ret, body, false),
+        (Some(r), None) => retry_loop(
+            r,
+            &krate,
+            &job,
+            ret,
+            Attempt::Stmts(attempt_stmts(&block, ret)),
+            false,
+        ),
         (None, Some(i)) => idempotent_call(
             i,
             Letters::default(),
@@ -268,7 +286,7 @@ fn expand(
             &krate,
             &job,
             ret,
-            body,
+            attempt_block(&block, ret),
         ),
         (Some(r), Some(i)) => {
             // In a transaction, the attempts share one savepoint, made before the loop: each
@@ -280,14 +298,14 @@ fn expand(
                     // On the return type, where `Idempotent`'s own bounds are reported: a missing
                     // `From<jobguard::Error>` is one error.
                     let attempt = Ident::new("attempt", ret.span());
-                    quote_spanned! {ret.span()=>
+                    Attempt::Future(quote_spanned! {ret.span()=>
                         __jobguard_savepoint.#attempt(
                             &mut *#tx,
                             async |#tx: &mut #krate::__private::PgConnection| { #stmts },
                         )
-                    }
+                    })
                 }
-                None => body,
+                None => Attempt::Stmts(attempt_stmts(&block, ret)),
             };
             let inner = retry_loop(r, &krate, &job, ret, body, true);
             let inner = match &i.transaction {
@@ -449,12 +467,15 @@ fn payload_binding(r: &RetryArgs, krate: &TokenStream) -> Option<TokenStream> {
     ))
 }
 
+/// The retry loop around `body`, the attempt: an `async` block's tokens, or, as
+/// `Attempt::Stmts`, the body's statements, which the loop makes into an `async` closure when
+/// the call can start on its inline first attempt (see `Retry::first`).
 fn retry_loop(
     r: &RetryArgs,
     krate: &TokenStream,
     job: &TokenStream,
     ret: &Type,
-    body: TokenStream,
+    body: Attempt,
     keyed: bool,
 ) -> TokenStream {
     let mut policy = quote!(#krate::Policy::new());
@@ -576,18 +597,77 @@ fn retry_loop(
     // The call carries the return type's span: a bound the error type misses (`Transient`, or
     // `From<jobguard::Error>` when guarded) is then reported once, there, rather than once there
     // and again on the whole attribute.
-    let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
-    quote! {
+    let head = quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
         #spec
         #breaker_once
-        let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
-        loop {
-            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call
-            {
-                break __jobguard_done;
+    };
+    match body {
+        // A call whose first attempt can succeed inline starts with it, holding nothing else;
+        // the loop goes on from what it hands over. The attempt is an `async` closure, called
+        // for each attempt, so that the body is compiled once.
+        Attempt::Stmts(stmts) if !timed && on_ok.is_none() => {
+            let first = match &r.breaker {
+                Some(_) => Ident::new("first_permitted", ret.span()),
+                None => Ident::new("first", ret.span()),
+            };
+            let retry = respanned(&quote!(#krate::__private::Retry), ret.span());
+            let first = quote_spanned!(ret.span()=>
+                #retry::#first(&#spec_name, #breaker_arg __jobguard_attempt()).await
+            );
+            let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg __jobguard_attempt(), #classify).await);
+            quote! {
+                #head
+                #[allow(unused_mut)]
+                let mut __jobguard_attempt = #krate::__private::attempts(async || { #stmts });
+                '__jobguard_call: {
+                    let mut __jobguard_retry = match #first {
+                        ::core::ops::ControlFlow::Break(__jobguard_done) => {
+                            break '__jobguard_call __jobguard_done;
+                        }
+                        ::core::ops::ControlFlow::Continue(__jobguard_went) => {
+                            __jobguard_went.resume(&#spec_name)
+                        }
+                    };
+                    loop {
+                        if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
+                            break __jobguard_done;
+                        }
+                    }
+                }
             }
+        }
+        body => {
+            let body = body.into_block();
+            let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
+            quote! {
+                #head
+                let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
+                loop {
+                    if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call
+                    {
+                        break __jobguard_done;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The attempt a retry loop runs: the body's statements, or an expression that makes the
+/// attempt's future (a transaction's savepoint around the statements).
+enum Attempt {
+    Stmts(TokenStream),
+    Future(TokenStream),
+}
+
+impl Attempt {
+    /// The attempt as an expression, an `async` block for the statements.
+    fn into_block(self) -> TokenStream {
+        match self {
+            Attempt::Stmts(stmts) => quote!(async { #stmts }),
+            Attempt::Future(future) => future,
         }
     }
 }

@@ -163,3 +163,12 @@ impl<T, V: Into<Verdict>, K: FnOnce(&T) -> V> OkClassifier<T> for K {
         self(value).into()
     }
 }
+
+/// The body of a `#[retry]` job as an `async` closure called once per attempt: it must be
+/// callable more than once, so a body that moves a parameter out is refused here, with the
+/// parameter named ("closure is `AsyncFnOnce` because it moves the variable ... out of its
+/// environment").
+#[inline(always)]
+pub fn attempts<A: AsyncFnMut() -> R, R>(attempt: A) -> A {
+    attempt
+}

@@ -462,6 +462,15 @@ impl CircuitBreaker {
         }
     }
 
+    /// The closed state's epoch, when the breaker is closed: the check of a call's first
+    /// attempt on its inline path ([`First`](crate::retry::First)), which leaves every other
+    /// state (and a race it loses) to the engine's own admission.
+    #[inline]
+    pub(crate) fn closed_epoch(&self) -> Option<u32> {
+        let word = self.word.load(Ordering::Acquire);
+        (word & STATE == CLOSED).then(|| epoch_of(word))
+    }
+
     /// The permit of the closed state in `epoch`, from [`admit`](Self::admit).
     #[inline]
     pub(crate) fn closed_permit(&self, epoch: u32) -> Permit<'_> {

@@ -9,11 +9,18 @@
 //! those and the attempt's time limit ([`Guarded`]), so that a round with none of them has no
 //! code or state for them.
 //! `#[retry]` expands to a `loop` over [`Retry::attempt`] (or its guarded forms) and
-//! [`Policy::run`] is the same loop for closures; both drive [`Round`].
+//! [`Policy::run`] is the same loop for closures; both drive [`Round`]. A `#[retry]` job with no
+//! time limit and no `on_ok` classifier starts with [`Retry::first`]: its first attempt, in a
+//! future ([`First`]) that holds the attempt and nothing else to drop, and that only accepts an
+//! `Ok` (everything else goes to the rounds, with what the first attempt went through, [`Went`],
+//! and the first round settles a failed attempt 1 as it would its own).
 //!
 //! The loop stays in the caller because the body of each attempt borrows the caller's
 //! parameters (or the closure of [`Policy::run`]): a future that owned the loop would have to
-//! own both the closure and the attempt borrowing it.
+//! own both the closure and the attempt borrowing it. (A runtime `async fn` looping over an
+//! `AsyncFnMut` would, and its future is then `Send` only for one lifetime of the closure's
+//! borrow, which a spawned job or an apalis worker rejects: "implementation of `Send` is not
+//! general enough".)
 //!
 //! What to do after an outcome is [`decide`], a plain function over plain data. The success path
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
@@ -22,8 +29,9 @@
 //!
 //! The success path is one `if` in the caller's own poll: when a call is *lean* (nobody watches,
 //! or only `metrics` does, and the policy has no `timeout` or `budget`; decided once, when the
-//! call starts), the first poll of a [`Round`] asks the breaker if there is one, polls the
-//! attempt with its number in scope and returns an accepted `Ok` inline. Anything else (a
+//! call starts), the first poll of a [`First`] (or of a [`Round`], for the jobs that start with
+//! one) asks the breaker if there is one, polls the attempt with its number in scope and returns
+//! an accepted `Ok` inline. Anything else (a
 //! pending or failed attempt, a retried `Ok`, a refusal, a call that is not lean, every later
 //! poll) goes on in the same state machine, out of line. What only a failed round needs (the
 //! delay's timer, the dead letter on its way) is in the call's failure state, allocated at the
@@ -151,6 +159,19 @@ impl<'a> Spec<'a> {
             sink: None,
             payload: None,
         }
+    }
+
+    /// Counts attempt `number` of a call of this job into the `metrics` recorder in scope.
+    #[inline(never)]
+    fn count_attempt(&self, number: u32) {
+        crate::observe::record_metrics(
+            &Event::Attempt {
+                job: self.job,
+                key: self.key,
+                attempt: number,
+            },
+            self.known,
+        );
     }
 
     /// The idempotency key, carried into events and the dead letter.
@@ -326,9 +347,15 @@ impl<'a> Retry<'a> {
     /// The state for one call of the job `spec` describes, with the runtime in scope.
     #[inline(always)]
     pub fn new(spec: &'a Spec<'a>) -> Self {
+        Self::watched(spec, crate::observe::watch())
+    }
+
+    /// The state for one call watched by `watch`, read when the call started.
+    #[inline(always)]
+    fn watched(spec: &'a Spec<'a>, watch: Watch) -> Self {
         Retry {
             spec,
-            mode: Mode::new(crate::observe::watch(), spec.untimed),
+            mode: Mode::new(watch, spec.untimed),
             number: 0,
             slow: None,
             failures: None,
@@ -492,14 +519,7 @@ impl<'a> Retry<'a> {
     /// that only `metrics` may watch, on its inline path.
     #[inline(never)]
     fn count_attempt(&self, number: u32) {
-        crate::observe::record_metrics(
-            &Event::Attempt {
-                job: self.spec.job,
-                key: self.spec.key,
-                attempt: number,
-            },
-            self.spec.known,
-        );
+        self.spec.count_attempt(number);
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
@@ -1018,6 +1038,10 @@ enum State<T, E> {
     Sleep { timed: bool },
     /// The call gave up: the dead letter is being sent, and this result is returned after it.
     GiveUp(Result<T, E>),
+    /// The call's first attempt finished on its inline path ([`First`]) without being accepted:
+    /// its outcome is settled at the round's first poll, under the closed breaker's epoch it
+    /// ran in, if any. The round's own attempt is not run.
+    Finished(Result<T, E>, Option<u32>),
     /// The round resolved.
     Done,
 }
@@ -1250,6 +1274,22 @@ where
                         _ => unreachable!("a give-up holds its result"),
                     }
                 }
+                State::Finished(..) => {
+                    let State::Finished(result, closed) =
+                        core::mem::replace(this.state, State::Run { cut: Origin::Body })
+                    else {
+                        unreachable!("checked above")
+                    };
+                    if let Some(slot) = this.guard.as_mut().closed() {
+                        *slot = closed;
+                    }
+                    if let ControlFlow::Break(done) =
+                        Self::settle(&mut this, result, Origin::Body, None)
+                    {
+                        return Poll::Ready(ControlFlow::Break(done));
+                    }
+                    continue;
+                }
                 State::Done => panic!("a retry round polled after it resolved"),
             };
             // The attempt runs.
@@ -1408,6 +1448,349 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
                 State::GiveUp(result)
             }
         };
+    }
+}
+
+impl<'a> Retry<'a> {
+    /// A call's first attempt, `attempt`, for the job `spec` describes, with no breaker: see
+    /// [`First`]. The call's loop goes on from the [`Resume`] it resolves to when the attempt
+    /// does not settle the call.
+    #[inline(always)]
+    pub fn first<T, E, F>(spec: &'a Spec<'a>, attempt: F) -> First<'a, T, E, F, Unguarded>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        First::new(spec, Unguarded, attempt)
+    }
+
+    /// [`Retry::first`] under `breaker`, which the attempt asks first. An attempt is polled here
+    /// only while the breaker is closed; the loop's first round admits it otherwise.
+    #[inline(always)]
+    pub fn first_permitted<T, E, F>(
+        spec: &'a Spec<'a>,
+        breaker: &'a CircuitBreaker,
+        attempt: F,
+    ) -> First<'a, T, E, F, Permitted<'a, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        E: FromJobguard,
+    {
+        First::new(spec, Permitted::new(Some(breaker)), attempt)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A call's first attempt, from [`Retry::first`]: the success path of `#[retry]`. It holds
+    /// the attempt and what it needs to hand the call over to the engine, and nothing to drop
+    /// but the attempt: the call's state ([`Retry`]) is made only when the attempt does not
+    /// settle the call.
+    ///
+    /// At its first poll, when the call is lean (nobody watches but `metrics`, no `timeout` or
+    /// `budget`; decided now, once for the call) and its breaker, if any, is closed, it polls
+    /// the attempt as attempt 1, and an `Ok` resolves it to `Break` at once. It resolves to
+    /// `Continue` with what it [`Went`] through otherwise, and the loop's rounds go on from
+    /// there ([`Went::resume`]): before the attempt is polled, when the call is not lean or the
+    /// breaker is not closed (the loop's first round then makes attempt 1); or once the attempt
+    /// failed, with its outcome (the first round settles it as a round settles its own
+    /// attempt's: classified, then a retry or a give-up). An attempt pending after its first
+    /// poll is polled here until it finishes.
+    ///
+    /// It decides nothing a round would not: it only accepts an `Ok`, and it is not used for a
+    /// job with an `on_ok` classifier. Everything else is [`decide`]'s, in the rounds.
+    #[must_use = "a first attempt does nothing unless awaited"]
+    pub struct First<'a, T, E, F, G> {
+        spec: Counted<'a>,
+        guard: G,
+        // What the attempt needs once it went on past its first poll.
+        pending: Option<Pended>,
+        #[pin]
+        attempt: F,
+        output: PhantomData<fn() -> Result<T, E>>,
+    }
+}
+
+/// The job a first attempt counts its attempt and success for, into the `metrics` recorder: a
+/// call holds it only with that feature, the only one that watches a lean call.
+#[derive(Clone, Copy)]
+struct Counted<'a> {
+    #[cfg(feature = "metrics")]
+    spec: &'a Spec<'a>,
+    spec_type: PhantomData<&'a Spec<'a>>,
+}
+
+impl<'a> Counted<'a> {
+    #[inline(always)]
+    fn new(spec: &'a Spec<'a>) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = spec;
+        Counted {
+            #[cfg(feature = "metrics")]
+            spec,
+            spec_type: PhantomData,
+        }
+    }
+
+    /// Counts attempt 1 (with `metrics`).
+    #[inline(always)]
+    fn attempt(self) {
+        #[cfg(feature = "metrics")]
+        self.spec.count_attempt(1);
+    }
+
+    /// Counts the success of a call that succeeded on its first attempt after a pending poll,
+    /// as a round's accepted outcome does (with `metrics`).
+    fn succeeded(self) {
+        #[cfg(feature = "metrics")]
+        crate::observe::record_job(
+            &Event::Succeeded {
+                job: self.spec.job,
+                key: self.spec.key,
+                attempts: 1,
+            },
+            self.spec.known,
+        );
+    }
+}
+
+/// A first attempt pending after its first poll: who watches the call, the epoch of the closed
+/// breaker the attempt runs in, the attempt's start (once it asked for it) and its wall-clock
+/// start, to within a poll (for the dead letter). Plain data, so that [`First`] has nothing to
+/// drop.
+#[derive(Clone, Copy)]
+struct Pended {
+    watch: Watch,
+    closed: Option<u32>,
+    started: Option<Instant>,
+    wall: SystemTime,
+    /// The installed runtime when the attempt was first polled: the call's, as a round's
+    /// (see [`Slow::installed`]).
+    installed: Option<&'static Runtime>,
+}
+
+impl<'a, T, E, F, G> First<'a, T, E, F, G> {
+    #[inline(always)]
+    fn new(spec: &'a Spec<'a>, guard: G, attempt: F) -> Self {
+        // Only an untimed policy's call starts here (`#[retry]` knows at compile time).
+        debug_assert!(
+            spec.untimed,
+            "a first attempt for a policy with a time limit"
+        );
+        First {
+            spec: Counted::new(spec),
+            guard,
+            pending: None,
+            attempt,
+            output: PhantomData,
+        }
+    }
+}
+
+impl<'a, T, E, F, G> Future for First<'a, T, E, F, G>
+where
+    F: Future<Output = Result<T, E>>,
+    G: Guard<'a, E>,
+{
+    type Output = ControlFlow<Result<T, E>, Went<T, E>>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let counted = *this.spec;
+        if let Some(pended) = this.pending {
+            return pending(counted, pended, this.guard.breaker(), this.attempt, cx);
+        }
+        let watch = crate::observe::watch();
+        if !Mode::new(watch, true).lean() {
+            return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch)));
+        }
+        let breaker = this.guard.breaker();
+        let mut closed = None;
+        if let Some(breaker) = breaker {
+            match breaker.closed_epoch() {
+                Some(epoch) => closed = Some(epoch),
+                None => return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch))),
+            }
+        }
+        if cfg!(feature = "metrics") && watch == Watch::Metrics {
+            counted.attempt();
+        }
+        let attempt = this.attempt;
+        let (polled, learned) = attempt::poll_first(1, || attempt.poll(cx));
+        match polled {
+            Poll::Ready(Ok(value)) => {
+                if let (Some(epoch), Some(breaker)) = (closed, breaker) {
+                    breaker.closed_succeeded(epoch);
+                }
+                Poll::Ready(ControlFlow::Break(Ok(value)))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(ControlFlow::Continue(Went {
+                watch,
+                closed,
+                finished: Some(Err(error)),
+                pended: None,
+            })),
+            // What the attempt learned of its start is read before anything else polls.
+            Poll::Pending => {
+                *this.pending = Some(went_pending(watch, closed, learned.started()));
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// The first attempt is pending after its first poll: what its later polls need, and its
+/// wall-clock start (a lean call has no time limit, so no timer is set: it only waits).
+#[cold]
+#[inline(never)]
+fn went_pending(watch: Watch, closed: Option<u32>, started: Option<Instant>) -> Pended {
+    Pended {
+        watch,
+        closed,
+        started,
+        wall: SystemTime::now(),
+        installed: Current::installed(),
+    }
+}
+
+/// A later poll of a first attempt that was pending: polled as a round polls its attempt; an
+/// `Ok` is accepted as a round accepts it, and a failure handed to the loop.
+#[inline(never)]
+fn pending<T, E, F: Future<Output = Result<T, E>>>(
+    counted: Counted<'_>,
+    pended: &mut Pended,
+    breaker: Option<&CircuitBreaker>,
+    attempt: Pin<&mut F>,
+    cx: &mut Context<'_>,
+) -> Poll<ControlFlow<Result<T, E>, Went<T, E>>> {
+    let result = ready!(attempt::poll_in(1, &mut pended.started, || attempt.poll(cx)));
+    let Pended {
+        watch,
+        closed,
+        wall,
+        installed,
+        ..
+    } = *pended;
+    match result {
+        Ok(value) => {
+            if let (Some(epoch), Some(breaker)) = (closed, breaker) {
+                breaker.closed_succeeded(epoch);
+            }
+            // As a round's accepted outcome: the one event of a lean call's success.
+            if watch != Watch::Nobody {
+                counted.succeeded();
+            }
+            Poll::Ready(ControlFlow::Break(Ok(value)))
+        }
+        Err(error) => Poll::Ready(ControlFlow::Continue(Went {
+            watch,
+            closed,
+            finished: Some(Err(error)),
+            pended: Some((wall, installed)),
+        })),
+    }
+}
+
+/// What a call's first attempt ([`First`]) went through when it did not settle the call: who
+/// watches the call, and the attempt's failure if it finished (with the epoch of the closed
+/// breaker it ran in, and its wall-clock start if it was pending first). The call's state is
+/// made from it when the loop goes on ([`Went::resume`]).
+pub struct Went<T, E> {
+    watch: Watch,
+    closed: Option<u32>,
+    finished: Option<Result<T, E>>,
+    /// The pending attempt's wall-clock start and the runtime installed at its first poll.
+    pended: Option<(SystemTime, Option<&'static Runtime>)>,
+}
+
+impl<T, E> Went<T, E> {
+    /// The first attempt was not polled: the loop's first round makes attempt 1.
+    #[inline(always)]
+    fn unpolled(watch: Watch) -> Self {
+        Went {
+            watch,
+            closed: None,
+            finished: None,
+            pended: None,
+        }
+    }
+
+    /// The call's state for the job `spec` describes (the first attempt's), from which the
+    /// expansion's loop goes on: its first round settles the first attempt's outcome, if any.
+    #[inline(never)]
+    pub fn resume<'a>(self, spec: &'a Spec<'a>) -> Resume<'a, T, E> {
+        let mut retry = Retry::watched(spec, self.watch);
+        if self.finished.is_some() {
+            retry.number = 1;
+        }
+        if let Some((wall, installed)) = self.pended {
+            let slow = retry.slow.insert(Slow::new(installed));
+            slow.first_wall = Some(wall);
+            slow.last_wall = Some(wall);
+            slow.stamped = true;
+        }
+        Resume {
+            retry,
+            finished: self.finished.map(|result| (result, self.closed)),
+        }
+    }
+}
+
+/// A call that its first attempt ([`First`]) did not settle: the call's state, and the first
+/// attempt's outcome if it finished, which the loop's first round settles instead of running
+/// its own attempt. Its rounds are [`Retry`]'s.
+pub struct Resume<'a, T, E> {
+    retry: Retry<'a>,
+    finished: Option<(Result<T, E>, Option<u32>)>,
+}
+
+impl<'a, T, E> Resume<'a, T, E> {
+    /// [`Retry::attempt`], after the first attempt.
+    #[inline]
+    pub fn attempt<F, C, V>(
+        &mut self,
+        attempt: F,
+        on_err: C,
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk, Unguarded>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: Describe,
+    {
+        let finished = self.finished.take();
+        self.retry.attempt(attempt, on_err).finishing(finished)
+    }
+
+    /// [`Retry::attempt_permitted`], after the first attempt.
+    #[inline]
+    pub fn attempt_permitted<F, C, V>(
+        &mut self,
+        breaker: &'a CircuitBreaker,
+        attempt: F,
+        on_err: C,
+    ) -> Round<'_, 'a, T, E, F, C, AcceptOk, Permitted<'a, E>>
+    where
+        F: Future<Output = Result<T, E>>,
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: FromJobguard + Describe,
+    {
+        let finished = self.finished.take();
+        self.retry
+            .attempt_permitted(breaker, attempt, on_err)
+            .finishing(finished)
+    }
+}
+
+impl<'r, 'a, T, E, F, C, K, G> Round<'r, 'a, T, E, F, C, K, G> {
+    /// The round settles `finished`, the outcome of the call's first attempt and the epoch of
+    /// the closed breaker it ran in, instead of running its own attempt.
+    #[inline]
+    fn finishing(mut self, finished: Option<(Result<T, E>, Option<u32>)>) -> Self {
+        if let Some((result, closed)) = finished {
+            self.state = State::Finished(result, closed);
+        }
+        self
     }
 }
 

@@ -20,35 +20,45 @@ async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__JOBGUARD_SPEC);
-    loop {
-        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .attempt(
-                async {
-                    #[allow(
-                        unknown_lints,
-                        unreachable_code,
-                        clippy::diverging_sub_expression,
-                        clippy::let_unit_value,
-                        clippy::unreachable,
-                        clippy::empty_loop,
-                        clippy::needless_return
-                    )]
-                    if false {
-                        let __jobguard_return: Result<(), GatewayError> = loop {};
-                        return __jobguard_return;
-                    }
-                    let receipt = self
-                        .receipts
-                        .get(order_id)
-                        .ok_or(GatewayError::Unknown)?;
-                    self.gateway.refund(receipt).await
-                },
-                ::jobguard::__private::transient,
+    #[allow(unused_mut)]
+    let mut __jobguard_attempt = ::jobguard::__private::attempts(async || {
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::let_unit_value,
+            clippy::unreachable,
+            clippy::empty_loop,
+            clippy::needless_return
+        )]
+        if false {
+            let __jobguard_return: Result<(), GatewayError> = loop {};
+            return __jobguard_return;
+        }
+        let receipt = self.receipts.get(order_id).ok_or(GatewayError::Unknown)?;
+        self.gateway.refund(receipt).await
+    });
+    '__jobguard_call: {
+        let mut __jobguard_retry = match ::jobguard::__private::Retry::first(
+                &__JOBGUARD_SPEC,
+                __jobguard_attempt(),
             )
             .await
         {
-            break __jobguard_done;
+            ::core::ops::ControlFlow::Break(__jobguard_done) => {
+                break '__jobguard_call __jobguard_done;
+            }
+            ::core::ops::ControlFlow::Continue(__jobguard_went) => {
+                __jobguard_went.resume(&__JOBGUARD_SPEC)
+            }
+        };
+        loop {
+            if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+                .attempt(__jobguard_attempt(), ::jobguard::__private::transient)
+                .await
+            {
+                break __jobguard_done;
+            }
         }
     }
 }
