@@ -67,6 +67,9 @@ const MAX_EVICTIONS: usize = 64;
 const COMPACT_STEP: usize = 8;
 /// Stale entries one attempt to give a record up skips at most.
 const STALE_SKIP: usize = 64;
+/// Entries ahead of an order's front that giving up its front record reads (three cache lines
+/// of 24-byte entries), so that they are in the cache when they reach the front.
+const READ_AHEAD: usize = 8;
 /// How often, at most, the store logs that it gives records up.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
@@ -301,6 +304,17 @@ impl Order {
         self.ring.front().copied()
     }
 
+    /// Reads the entry [`READ_AHEAD`] places behind the front and throws it away: the entries
+    /// come off the front in order, and a line of them read now, while the record at the front
+    /// is looked up (a cache miss of its own), is in the cache when they reach the front, instead
+    /// of a miss then that nothing else overlaps.
+    #[inline(always)]
+    fn read_ahead(&self) {
+        if let Some(entry) = self.ring.get(READ_AHEAD) {
+            std::hint::black_box(entry.stamp);
+        }
+    }
+
     /// Drops the entry [`Order::front`] returned.
     fn pop_front(&mut self) {
         self.ring.pop_front();
@@ -468,6 +482,20 @@ impl Record {
         &self.data[self.prefix()..]
     }
 
+    /// Replaces the payload with `built` when it is this record's data with the payload wanted
+    /// (see [`completed_data`]: the scope, the key, then the payload, built before the lock for a
+    /// record without a fingerprint), else with `payload` ([`Record::set_payload`]).
+    #[inline]
+    fn set_built_payload(&mut self, built: &mut Option<Box<[u8]>>, payload: &[u8]) {
+        if self.fp_len == NO_FINGERPRINT
+            && let Some(data) = built.take()
+        {
+            self.data = data;
+        } else {
+            self.set_payload(payload);
+        }
+    }
+
     /// Replaces the payload: a new allocation of the prefix and `payload`, the old one freed.
     fn set_payload(&mut self, payload: &[u8]) {
         let prefix = self.prefix();
@@ -506,6 +534,20 @@ impl Record {
     fn heap(&self) -> usize {
         heap_bytes(self.data.len())
     }
+}
+
+/// A completed record's data as [`Record::set_payload`] would build it for a record claimed
+/// without a fingerprint: the scope, the key, then `payload`. Built by `complete` before it hashes
+/// the key, reads the clock and takes the lock, so that the writes into the new allocation (often
+/// memory out of the cache: the data of the record the claim before gave up) reach the cache
+/// while those go on, instead of holding up the lock's release.
+fn completed_data(key: StoreKey<'_>, payload: &[u8]) -> Box<[u8]> {
+    let (scope, key) = (key.scope.as_bytes(), key.key.as_bytes());
+    let mut data = Vec::with_capacity(scope.len() + key.len() + payload.len());
+    data.extend_from_slice(scope);
+    data.extend_from_slice(key);
+    data.extend_from_slice(payload);
+    data.into_boxed_slice()
 }
 
 /// What an allocation of `len` bytes takes from a malloc like glibc's: a word of header, rounded
@@ -692,6 +734,7 @@ impl Shard {
             let Some(entry) = self.order.front() else {
                 return dropped;
             };
+            self.order.read_ahead();
             let Ok(found) = self.table.find_entry(entry.hash, |r| r.holds(entry)) else {
                 self.order.pop_stale();
                 dropped = true;
@@ -908,13 +951,38 @@ impl Shard {
             });
         }
         self.expire_some(SWEEP_STEP, now, false, tally);
-        let record = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
+        let mut record = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
         let heap = record.heap();
-        if !self.make_room(limits, heap, true, now, tally) {
-            self.expire_some(SWEEP_MORE, now, true, tally);
-            if !self.make_room(limits, heap, true, now, tally) {
-                return Err(self.full_error(limits, now, heap));
+        if self.table.len() < self.table.capacity() {
+            // The table has a free slot: the record goes in first, and room is made after, with
+            // the same rule (`fits` with the record in is `make_room`'s with it to come, the table
+            // not growing). Its bucket's write, often a cache miss, then overlaps with the reads of
+            // the record given up for it, instead of waiting for them.
+            self.insert(record, heap);
+            if self.give_up_until(limits, now, tally, |shard| {
+                shard.table.len() <= limits.max_records && shard.fits(limits, 0, false)
+            }) {
+                return Ok(Claimed::Acquired {
+                    generation: 1,
+                    crashes: 0,
+                });
             }
+            // No room: taken out again, and on as if it had never gone in.
+            let Ok(entry) = self.table.find_entry(hash, |r| r.is(hash, key)) else {
+                unreachable!("a claim just inserted is in its table");
+            };
+            record = entry.remove().0;
+            self.heap -= heap;
+        } else if self.make_room(limits, heap, true, now, tally) {
+            self.insert(record, heap);
+            return Ok(Claimed::Acquired {
+                generation: 1,
+                crashes: 0,
+            });
+        }
+        self.expire_some(SWEEP_MORE, now, true, tally);
+        if !self.make_room(limits, heap, true, now, tally) {
+            return Err(self.full_error(limits, now, heap));
         }
         self.insert(record, heap);
         Ok(Claimed::Acquired {
@@ -965,6 +1033,7 @@ impl Shard {
         op: &mut Op<'_>,
         token: &str,
         result: &[u8],
+        built: &mut Option<Box<[u8]>>,
         expires: u64,
     ) -> Result<(), Error> {
         let (key, hash, now) = (op.key, op.hash, op.now);
@@ -975,7 +1044,7 @@ impl Shard {
             .ok_or(Error::LeaseLost)?;
         let before = record.heap();
         let stamp = Self::stamp(&mut self.last_stamp, now);
-        record.set_payload(result);
+        record.set_built_payload(built, result);
         record.state = State::Completed;
         record.expires = expires;
         record.at = stamp;
@@ -1300,8 +1369,15 @@ impl MemoryStore {
         };
         let mut shard = lock(shard);
         let out = f(&mut shard, &mut op);
-        shard.evicted += op.tally.evicted;
-        shard.expired += op.tally.expired;
+        // One counter at a time, and only when it moves: read as one 16-byte pair, the two
+        // counts would wait for their 8-byte writes to reach the cache (no store forwarding),
+        // and with them for every older write (the new record's bucket among them).
+        if op.tally.evicted != 0 {
+            shard.evicted += op.tally.evicted;
+        }
+        if op.tally.expired != 0 {
+            shard.expired += op.tally.expired;
+        }
         drop(shard);
         // Unlocked: the data of the record the operation took out is freed here, with `op`.
         if op.tally.evicted > 0 {
@@ -1493,9 +1569,12 @@ impl Store for MemoryStore {
         record: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, ()> {
+        // The data is built first (see `completed_data`); unused, it is freed once the lock is
+        // released (a record with a fingerprint builds its own; a lost lease keeps nothing).
+        let mut built = Some(completed_data(key, record));
         done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(ttl));
-            shard.complete(op, token, record, expires)
+            shard.complete(op, token, record, &mut built, expires)
         }))
     }
 
@@ -1899,6 +1978,51 @@ mod tests {
             s.claim_counted(K, "b", options).unwrap(),
             Claimed::Poisoned { first: true, .. }
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_refused_for_room_leaves_nothing_behind() {
+        // Full of live claims at 512 records (32 a shard): a new claim goes into its table's
+        // free slot first, finds nothing to give up, and is taken out again.
+        let s = MemoryStore::builder().max_records(512).build();
+        let mut held = 0;
+        let refused = loop {
+            let key = format!("held{held}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            match s.claim_now(k, "t", None, LEASE) {
+                Ok(Claim::Acquired) => held += 1,
+                Err(e) => break (key, e),
+                Ok(other) => panic!("{other:?}"),
+            }
+        };
+        assert!(matches!(refused.1, Error::Store(_)), "{:?}", refused.1);
+        let before = s.stats();
+        assert_eq!(before.records, held);
+        for _ in 0..3 {
+            let k = StoreKey {
+                scope: "s",
+                key: &refused.0,
+            };
+            assert!(s.claim_now(k, "t", None, LEASE).is_err());
+            assert_eq!(s.stats(), before, "nothing kept, nothing counted");
+            assert_eq!(s.completed(k), None);
+        }
+        // Once the leases lapse, the key is claimed afresh: its first generation.
+        tokio::time::advance(LEASE).await;
+        let k = StoreKey {
+            scope: "s",
+            key: &refused.0,
+        };
+        assert_eq!(
+            s.claim_counted(k, "u", &ClaimOptions::new(LEASE)).unwrap(),
+            Claimed::Acquired {
+                generation: 1,
+                crashes: 0
+            }
+        );
     }
 
     #[tokio::test(start_paused = true)]
