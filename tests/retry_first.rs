@@ -87,3 +87,16 @@ async fn a_pending_first_attempt_counts_its_failure_against_the_breaker() {
         Err(GatewayError::Jobguard(jobguard::Error::CircuitOpen { .. }))
     ));
 }
+
+/// Asks for its attempt's start only after a pending poll.
+#[jobguard::retry(attempts = 2, base = "10ms", jitter = none)]
+async fn asks_late(wait: Duration) -> Result<tokio::time::Instant, std::io::Error> {
+    tokio::time::sleep(wait).await;
+    Ok(jobguard::attempt().expect("inside the call").started)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_attempt_asked_after_a_pending_poll_started_at_its_first_poll() {
+    let called = tokio::time::Instant::now();
+    assert_eq!(asks_late(Duration::from_secs(5)).await.unwrap(), called);
+}

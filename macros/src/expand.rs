@@ -216,20 +216,25 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                 let mut __jobguard_attempt = async || { body };  // one attempt
 //                 '__jobguard_call: {
 //                     // The first attempt, holding nothing else: an `Ok` ends the call here.
-//                     let mut __jobguard_retry = match Retry::first(&__jobguard_spec,
+//                     let __jobguard_went = match Retry::first(&__jobguard_spec,
 //                         __jobguard_attempt()).await
 //                     {
 //                         ControlFlow::Break(__jobguard_done) => break '__jobguard_call __jobguard_done,
-//                         ControlFlow::Continue(__jobguard_went) => __jobguard_went.resume(&__jobguard_spec),
+//                         ControlFlow::Continue(__jobguard_went) => __jobguard_went,
 //                     };
-//                     loop {                              // the rounds after it (the first one
-//                         if let ControlFlow::Break(__jobguard_done) = __jobguard_retry  // settles
-//                             .attempt(__jobguard_attempt(), transient)  // attempt 1's failure)
-//                             .await
-//                         {
-//                             break __jobguard_done;
+//                     async {                             // the rounds after it, in a future of
+//                         let mut __jobguard_retry =      // their own: the caller's drop glue of
+//                             __jobguard_went.resume(&__jobguard_spec);  // the job stays small
+//                         loop {                          // (and inlined); the first round
+//                             if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
+//                                 .attempt(__jobguard_attempt(), transient)  // settles attempt
+//                                 .await                  // 1's failure
+//                             {
+//                                 break __jobguard_done;
+//                             }
 //                         }
 //                     }
+//                     .await
 //                 }
 //             })
 //             .await
@@ -622,19 +627,21 @@ fn retry_loop(
                 #[allow(unused_mut)]
                 let mut __jobguard_attempt = #krate::__private::attempts(async || { #stmts });
                 '__jobguard_call: {
-                    let mut __jobguard_retry = match #first {
+                    let __jobguard_went = match #first {
                         ::core::ops::ControlFlow::Break(__jobguard_done) => {
                             break '__jobguard_call __jobguard_done;
                         }
-                        ::core::ops::ControlFlow::Continue(__jobguard_went) => {
-                            __jobguard_went.resume(&#spec_name)
-                        }
+                        ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
                     };
-                    loop {
-                        if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
-                            break __jobguard_done;
+                    async {
+                        let mut __jobguard_retry = __jobguard_went.resume(&#spec_name);
+                        loop {
+                            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
+                                break __jobguard_done;
+                            }
                         }
                     }
+                    .await
                 }
             }
         }

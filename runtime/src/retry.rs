@@ -10,7 +10,7 @@
 //! code or state for them.
 //! `#[retry]` expands to a `loop` over [`Retry::attempt`] (or its guarded forms) and
 //! [`Policy::run`] is the same loop for closures; both drive [`Round`]. A `#[retry]` job with no
-//! time limit and no `on_ok` classifier starts with [`Retry::first`]: its first attempt, in a
+//! time limit, no `on_ok` classifier and no transaction starts with [`Retry::first`]: its first attempt, in a
 //! future ([`First`]) that holds the attempt and nothing else to drop, and that only accepts an
 //! `Ok` (everything else goes to the rounds, with what the first attempt went through, [`Went`],
 //! and the first round settles a failed attempt 1 as it would its own).
@@ -1553,8 +1553,8 @@ impl<'a> Counted<'a> {
 }
 
 /// A first attempt pending after its first poll: who watches the call, the epoch of the closed
-/// breaker the attempt runs in, the attempt's start (once it asked for it) and its wall-clock
-/// start, to within a poll (for the dead letter). Plain data, so that [`First`] has nothing to
+/// breaker the attempt runs in, the attempt's start (for [`attempt()`](crate::attempt())) and
+/// its wall-clock start (for the dead letter), both to within its first poll. Plain data, so that [`First`] has nothing to
 /// drop.
 #[derive(Clone, Copy)]
 struct Pended {
@@ -1639,14 +1639,16 @@ where
 }
 
 /// The first attempt is pending after its first poll: what its later polls need, and its
-/// wall-clock start (a lean call has no time limit, so no timer is set: it only waits).
+/// start, read now if the attempt did not ask for it during the poll (to within that poll, as a
+/// round's attempt's), and its wall-clock start (a lean call has no time limit, so no timer is
+/// set: it only waits).
 #[cold]
 #[inline(never)]
 fn went_pending(watch: Watch, closed: Option<u32>, started: Option<Instant>) -> Pended {
     Pended {
         watch,
         closed,
-        started,
+        started: started.or_else(|| Some(Instant::now())),
         wall: SystemTime::now(),
         installed: Current::installed(),
     }

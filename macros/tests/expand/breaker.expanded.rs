@@ -36,7 +36,7 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
         gateway().capture(order_id, 100).await
     });
     '__jobguard_call: {
-        let mut __jobguard_retry = match ::jobguard::__private::Retry::first_permitted(
+        let __jobguard_went = match ::jobguard::__private::Retry::first_permitted(
                 &__JOBGUARD_SPEC,
                 __jobguard_breaker,
                 __jobguard_attempt(),
@@ -46,21 +46,23 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
             ::core::ops::ControlFlow::Break(__jobguard_done) => {
                 break '__jobguard_call __jobguard_done;
             }
-            ::core::ops::ControlFlow::Continue(__jobguard_went) => {
-                __jobguard_went.resume(&__JOBGUARD_SPEC)
-            }
+            ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
         };
-        loop {
-            if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                .attempt_permitted(
-                    __jobguard_breaker,
-                    __jobguard_attempt(),
-                    ::jobguard::__private::transient,
-                )
-                .await
-            {
-                break __jobguard_done;
+        async {
+            let mut __jobguard_retry = __jobguard_went.resume(&__JOBGUARD_SPEC);
+            loop {
+                if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+                    .attempt_permitted(
+                        __jobguard_breaker,
+                        __jobguard_attempt(),
+                        ::jobguard::__private::transient,
+                    )
+                    .await
+                {
+                    break __jobguard_done;
+                }
             }
         }
+            .await
     }
 }

@@ -52,7 +52,7 @@ async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
                 gateway().capture(order_id, amount).await
             });
             '__jobguard_call: {
-                let mut __jobguard_retry = match ::jobguard::__private::Retry::first(
+                let __jobguard_went = match ::jobguard::__private::Retry::first(
                         &__jobguard_spec,
                         __jobguard_attempt(),
                     )
@@ -62,17 +62,24 @@ async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
                         break '__jobguard_call __jobguard_done;
                     }
                     ::core::ops::ControlFlow::Continue(__jobguard_went) => {
-                        __jobguard_went.resume(&__jobguard_spec)
+                        __jobguard_went
                     }
                 };
-                loop {
-                    if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                        .attempt(__jobguard_attempt(), ::jobguard::__private::transient)
-                        .await
-                    {
-                        break __jobguard_done;
+                async {
+                    let mut __jobguard_retry = __jobguard_went.resume(&__jobguard_spec);
+                    loop {
+                        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+                            .attempt(
+                                __jobguard_attempt(),
+                                ::jobguard::__private::transient,
+                            )
+                            .await
+                        {
+                            break __jobguard_done;
+                        }
                     }
                 }
+                    .await
             }
         })
         .await

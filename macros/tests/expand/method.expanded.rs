@@ -39,7 +39,7 @@ async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
         self.gateway.refund(receipt).await
     });
     '__jobguard_call: {
-        let mut __jobguard_retry = match ::jobguard::__private::Retry::first(
+        let __jobguard_went = match ::jobguard::__private::Retry::first(
                 &__JOBGUARD_SPEC,
                 __jobguard_attempt(),
             )
@@ -48,17 +48,19 @@ async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
             ::core::ops::ControlFlow::Break(__jobguard_done) => {
                 break '__jobguard_call __jobguard_done;
             }
-            ::core::ops::ControlFlow::Continue(__jobguard_went) => {
-                __jobguard_went.resume(&__JOBGUARD_SPEC)
-            }
+            ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
         };
-        loop {
-            if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                .attempt(__jobguard_attempt(), ::jobguard::__private::transient)
-                .await
-            {
-                break __jobguard_done;
+        async {
+            let mut __jobguard_retry = __jobguard_went.resume(&__JOBGUARD_SPEC);
+            loop {
+                if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+                    .attempt(__jobguard_attempt(), ::jobguard::__private::transient)
+                    .await
+                {
+                    break __jobguard_done;
+                }
             }
         }
+            .await
     }
 }

@@ -967,7 +967,10 @@ impl Shard {
                     crashes: 0,
                 });
             }
-            // No room: taken out again, and on as if it had never gone in.
+            // No room: taken out again, and on as if it had never gone in (but for the table's
+            // capacity: hashbrown may leave the slot a tombstone, as an eviction does, so that a
+            // burst of refused claims can make a later claim grow the table or give up a record
+            // sooner; the byte count follows the table's, so the bound holds).
             let Ok(entry) = self.table.find_entry(hash, |r| r.is(hash, key)) else {
                 unreachable!("a claim just inserted is in its table");
             };
