@@ -1,6 +1,9 @@
 //! A Redis Cluster master killed with SIGKILL while `#[idempotent]` jobs run on a `RedisStore`:
 //! calls on its slots fail closed with `Error::Store` and run no body; once its replica is
-//! promoted, the same store works again, and no order's body runs twice.
+//! promoted, the same store works again, and no order's body runs twice, but for what the
+//! store's docs say a failover can lose: replication is asynchronous, so a claim (or a result)
+//! the dead master acknowledged in its last moment may not have reached the replica, and that
+//! order, running at the kill, can run once more.
 //!
 //! Real clock: the failover is the servers' (`cluster-node-timeout` 2 s). The test polls the
 //! nodes until the replica is promoted; no sleep stands in for it.
@@ -17,9 +20,10 @@ const ORDERS: usize = 600;
 const WORKERS: usize = 8;
 const SCOPE: &str = "tests.cluster_failover.charge";
 
-/// How many times each order's body ran.
+/// How many times each order's body ran, and when it first did.
 struct Ledger {
     runs: Vec<AtomicU32>,
+    first_run: Vec<std::sync::OnceLock<Instant>>,
 }
 
 /// Charges `order`, saying in `ran` whether this call ran the body. The lease is long, so a
@@ -32,6 +36,7 @@ async fn charge(
     ran: &AtomicBool,
 ) -> Result<String, Error> {
     ran.store(true, Ordering::SeqCst);
+    ledger.first_run[order].get_or_init(Instant::now);
     ledger.runs[order].fetch_add(1, Ordering::SeqCst);
     Ok(format!("receipt {order}"))
 }
@@ -70,7 +75,8 @@ async fn deliver(store: &RedisStore, ledger: &Ledger, order: usize) -> (Outcome,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_killed_master_fails_calls_closed_and_after_the_failover_nothing_runs_twice() {
+async fn a_killed_master_fails_calls_closed_and_afterwards_only_an_order_in_flight_at_the_kill_runs_again()
+ {
     let Some(cluster) = RedisCluster::start_with(Options {
         node_timeout_ms: 2000,
         ..Options::default()
@@ -80,6 +86,7 @@ async fn a_killed_master_fails_calls_closed_and_after_the_failover_nothing_runs_
     let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();
     let ledger = Arc::new(Ledger {
         runs: (0..ORDERS).map(|_| AtomicU32::new(0)).collect(),
+        first_run: (0..ORDERS).map(|_| std::sync::OnceLock::new()).collect(),
     });
     let slot = |order: usize| {
         let key = order.to_string();
@@ -156,10 +163,10 @@ async fn a_killed_master_fails_calls_closed_and_after_the_failover_nothing_runs_
             killed.store(true, Ordering::SeqCst);
             let killed_at = Instant::now();
             let new_master = cluster.wait_for_failover(port);
-            (cluster, new_master, killed_at.elapsed())
+            (cluster, new_master, killed_at, killed_at.elapsed())
         })
     };
-    let (cluster, new_master, took) = failover.await.unwrap();
+    let (cluster, new_master, killed_at, took) = failover.await.unwrap();
     promoted.store(true, Ordering::SeqCst);
     println!(
         "failover in {took:?}: port {} took over from {}",
@@ -213,13 +220,30 @@ async fn a_killed_master_fails_calls_closed_and_after_the_failover_nothing_runs_
             }
         }
     }
+    // An order ran twice only if its claim was lost with the dead master: the order is on its
+    // slots, and its first run was in flight at the kill (a second before it, far more than
+    // loopback replication takes). Every order charged before that ran once.
+    let mut lost = Vec::new();
     for (order, runs) in ledger.runs.iter().enumerate() {
         let runs = runs.load(Ordering::SeqCst);
-        assert!(runs <= 1, "order {order} ran {runs} times");
+        if runs > 1 {
+            let first = *ledger.first_run[order].get().expect("it ran");
+            assert!(
+                runs == 2
+                    && victim.serves(slot(order))
+                    && first + Duration::from_secs(1) > killed_at,
+                "order {order} ran {runs} times, first {:?} before the kill",
+                killed_at.saturating_duration_since(first)
+            );
+            lost.push(order);
+            continue;
+        }
         if !in_progress.contains(&order) {
             assert_eq!(runs, 1, "order {order}");
         }
     }
+    println!("claims lost with the dead master (ran again): {lost:?}");
+    assert!(lost.len() <= 2 * WORKERS, "{lost:?}");
     // Only orders on the dead master can have been left claimed, and only by the calls in
     // flight when it died.
     println!("left claimed by the failover: {in_progress:?}");
