@@ -70,6 +70,9 @@ const STALE_SKIP: usize = 64;
 /// Entries ahead of an order's front that giving up its front record reads (three cache lines
 /// of 24-byte entries), so that they are in the cache when they reach the front.
 const READ_AHEAD: usize = 8;
+/// The largest result whose completed data `complete` builds before it takes the lock (see
+/// [`completed_data`]).
+const PREBUILT_MAX: usize = 512;
 /// How often, at most, the store logs that it gives records up.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 /// How often, at most, a store that gives records up reports its size to the `metrics` gauge.
@@ -1574,7 +1577,9 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, ()> {
         // The data is built first (see `completed_data`); unused, it is freed once the lock is
         // released (a record with a fingerprint builds its own; a lost lease keeps nothing).
-        let mut built = Some(completed_data(key, record));
+        // Only for a small result: a record with a fingerprint (every one the HTTP layer
+        // stores) would copy a large one twice.
+        let mut built = (record.len() <= PREBUILT_MAX).then(|| completed_data(key, record));
         done(self.with_shard(key, |shard, op| {
             let expires = op.now.saturating_add(nanos(ttl));
             shard.complete(op, token, record, &mut built, expires)
