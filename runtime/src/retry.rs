@@ -10,7 +10,8 @@
 //! code or state for them.
 //! `#[retry]` expands to a `loop` over [`Retry::attempt`] (or its guarded forms) and
 //! [`Policy::run`] is the same loop for closures; both drive [`Round`]. A `#[retry]` job with no
-//! time limit, no `on_ok` classifier and no transaction starts with [`Retry::first`]: its first attempt, in a
+//! time limit, no `on_ok` classifier and no transaction (and a lean [`Policy::run`] call)
+//! starts with [`Retry::first`]: its first attempt, in a
 //! future ([`First`]) that holds the attempt and nothing else to drop, and that only accepts an
 //! `Ok` (everything else goes to the rounds, with what the first attempt went through, [`Went`],
 //! and the first round settles a failed attempt 1 as it would its own).
@@ -1460,7 +1461,7 @@ impl<'a> Retry<'a> {
     where
         F: Future<Output = Result<T, E>>,
     {
-        First::new(spec, Unguarded, attempt)
+        First::new(spec, AtFirstPoll, Unguarded, attempt)
     }
 
     /// [`Retry::first`] under `breaker`, which the attempt asks first. An attempt is polled here
@@ -1475,7 +1476,7 @@ impl<'a> Retry<'a> {
         F: Future<Output = Result<T, E>>,
         E: FromJobguard,
     {
-        First::new(spec, Permitted::new(Some(breaker)), attempt)
+        First::new(spec, AtFirstPoll, Permitted::new(Some(breaker)), attempt)
     }
 }
 
@@ -1498,14 +1499,41 @@ pin_project_lite::pin_project! {
     /// It decides nothing a round would not: it only accepts an `Ok`, and it is not used for a
     /// job with an `on_ok` classifier. Everything else is [`decide`]'s, in the rounds.
     #[must_use = "a first attempt does nothing unless awaited"]
-    pub struct First<'a, T, E, F, G> {
+    pub struct First<'a, T, E, F, G, W = AtFirstPoll> {
         spec: Counted<'a>,
         guard: G,
+        // Who watches the call: read at the first poll, or decided by the caller.
+        watch: W,
         // What the attempt needs once it went on past its first poll.
         pending: Option<Pended>,
         #[pin]
         attempt: F,
         output: PhantomData<fn() -> Result<T, E>>,
+    }
+}
+
+/// Who watches a call, as a [`First`] learns it at its first poll.
+pub(crate) trait WatchOf {
+    /// The call's [`Watch`].
+    fn watch(&self) -> Watch;
+}
+
+/// Read when the first attempt is first polled: `#[retry]`'s calls.
+#[derive(Clone, Copy)]
+pub struct AtFirstPoll;
+
+impl WatchOf for AtFirstPoll {
+    #[inline(always)]
+    fn watch(&self) -> Watch {
+        crate::observe::watch()
+    }
+}
+
+/// Decided by the caller before it made the attempt: [`Policy::run`]'s calls.
+impl WatchOf for Watch {
+    #[inline(always)]
+    fn watch(&self) -> Watch {
+        *self
     }
 }
 
@@ -1567,9 +1595,11 @@ struct Pended {
     installed: Option<&'static Runtime>,
 }
 
-impl<'a, T, E, F, G> First<'a, T, E, F, G> {
+impl<'a, T, E, F, G, W> First<'a, T, E, F, G, W> {
+    /// A first attempt for a call that `watch` watches: [`AtFirstPoll`] reads it then; a
+    /// [`Watch`] is the caller's, who decided the call is lean before it made the attempt.
     #[inline(always)]
-    fn new(spec: &'a Spec<'a>, guard: G, attempt: F) -> Self {
+    fn new(spec: &'a Spec<'a>, watch: W, guard: G, attempt: F) -> Self {
         // Only an untimed policy's call starts here (`#[retry]` knows at compile time).
         debug_assert!(
             spec.untimed,
@@ -1578,6 +1608,7 @@ impl<'a, T, E, F, G> First<'a, T, E, F, G> {
         First {
             spec: Counted::new(spec),
             guard,
+            watch,
             pending: None,
             attempt,
             output: PhantomData,
@@ -1585,10 +1616,11 @@ impl<'a, T, E, F, G> First<'a, T, E, F, G> {
     }
 }
 
-impl<'a, T, E, F, G> Future for First<'a, T, E, F, G>
+impl<'a, T, E, F, G, W> Future for First<'a, T, E, F, G, W>
 where
     F: Future<Output = Result<T, E>>,
     G: Guard<'a, E>,
+    W: WatchOf,
 {
     type Output = ControlFlow<Result<T, E>, Went<T, E>>;
 
@@ -1599,7 +1631,7 @@ where
         if let Some(pended) = this.pending {
             return pending(counted, pended, this.guard.breaker(), this.attempt, cx);
         }
-        let watch = crate::observe::watch();
+        let watch = this.watch.watch();
         if !Mode::new(watch, true).lean() {
             return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch)));
         }
@@ -1737,6 +1769,10 @@ impl<T, E> Went<T, E> {
     }
 }
 
+/// The round that settles a first attempt's failure: it has no attempt of its own.
+pub type Settling<'r, 'a, T, E, C> =
+    Round<'r, 'a, T, E, std::future::Pending<Result<T, E>>, C, AcceptOk, Unguarded>;
+
 /// A call that its first attempt ([`First`]) did not settle: the call's state, and the first
 /// attempt's outcome if it finished, which the loop's first round settles instead of running
 /// its own attempt. Its rounds are [`Retry`]'s.
@@ -1746,6 +1782,28 @@ pub struct Resume<'a, T, E> {
 }
 
 impl<'a, T, E> Resume<'a, T, E> {
+    /// The number the next attempt will have, from 1 ([`Retry::next_attempt`]): 1 again when the
+    /// first attempt was not polled, 2 after it failed.
+    pub fn next_attempt(&self) -> u32 {
+        self.retry.next_attempt()
+    }
+
+    /// The round that settles the first attempt's failure, with no attempt of its own: `None`
+    /// when the first attempt did not finish (the next round then makes attempt 1).
+    pub fn settle_first<C, V>(&mut self, on_err: C) -> Option<Settling<'_, 'a, T, E, C>>
+    where
+        C: FnOnce(&E) -> V,
+        V: Into<Verdict>,
+        E: Describe,
+    {
+        let finished = self.finished.take()?;
+        Some(
+            self.retry
+                .attempt(std::future::pending(), on_err)
+                .finishing(Some(finished)),
+        )
+    }
+
     /// [`Retry::attempt`], after the first attempt.
     #[inline]
     pub fn attempt<F, C, V>(
@@ -1886,12 +1944,36 @@ impl Policy {
     /// assert_eq!(got.unwrap(), 3);
     /// # }
     /// ```
-    pub async fn run<T, E, F>(&self, job: &str, f: F) -> Result<T, E>
+    pub async fn run<T, E, F>(&self, job: &str, mut f: F) -> Result<T, E>
     where
         F: AsyncFnMut(u32) -> Result<T, E>,
         E: crate::Transient + From<Error> + Describe,
     {
-        self.run_if_ok(job, f, |_: &T| Verdict::Fail).await
+        let spec = Spec::named(job, self);
+        // As `#[retry]` starts, when the call is lean (decided here, once): the first attempt
+        // alone, the call's state made only if it goes on. `f` is called once per attempt, so
+        // that a closure with work before its `async` part does it once: the call is known to
+        // be lean before `f(1)`, and attempt 1's failure is settled by a round of its own.
+        let watch = crate::observe::watch();
+        if !spec.untimed || !Mode::new(watch, true).lean() {
+            return self.run_if_ok(job, f, |_: &T| Verdict::Fail).await;
+        }
+        let mut retry = match First::new(&spec, watch, Unguarded, f(1)).await {
+            ControlFlow::Break(done) => return done,
+            ControlFlow::Continue(went) => went.resume(&spec),
+        };
+        if let Some(settle) = retry.settle_first(crate::Transient::verdict)
+            && let ControlFlow::Break(done) = settle.await
+        {
+            return done;
+        }
+        loop {
+            let attempt = retry.next_attempt();
+            let round = retry.attempt(f(attempt), crate::Transient::verdict);
+            if let ControlFlow::Break(done) = round.await {
+                return done;
+            }
+        }
     }
 
     /// [`Policy::run`], retrying `Ok` values too: `on_ok` returning [`Verdict::Retry`],
