@@ -240,6 +240,11 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //             .await
 //     }
 //
+// The tail's shape is measured (BENCHMARKS.md, "Ninth round"): a `match` whose arm awaits keeps
+// its scrutinee (the first attempt's output) in the caller's frame across that await, hence
+// the labelled block and the `let`; and the rounds in an `async` block of their own keep the
+// job future's drop glue small enough to be inlined into its caller.
+//
 // A `timeout`, a `budget`, an `on_ok` classifier or a transaction keeps the plain loop:
 // `let mut __jobguard_retry = Retry::new(&spec); loop { ... .attempt(async { body }, ..) ... }`.
 fn expand(
