@@ -2,29 +2,9 @@
 //! which `tests/policy_run.rs` builds, marks the whole process as watched): the call starts with
 //! its first attempt alone, as `#[retry]` does, and calls its closure once per attempt.
 
-use jobguard::{Jitter, Policy, Transient};
+use jobguard::{Jitter, Policy};
+use jobguard_testkit::gateway::GatewayError;
 use std::time::Duration;
-
-#[derive(Debug, PartialEq, Transient)]
-enum GatewayError {
-    #[transient]
-    Timeout,
-    Declined,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        GatewayError::Jobguard(e)
-    }
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
 
 const POLICY: Policy = Policy::new()
     .attempts(5)

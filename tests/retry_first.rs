@@ -3,6 +3,7 @@
 //! what a round's attempt would go through.
 
 use jobguard::{BreakerState, CircuitBreaker};
+use jobguard_testkit::gateway::GatewayError;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -41,30 +42,10 @@ async fn a_pending_first_attempt_that_fails_is_retried_as_attempt_two() {
 
 static ONE_FAILURE: CircuitBreaker = CircuitBreaker::new(1, Duration::from_secs(60));
 
-#[derive(Debug, jobguard::Transient)]
-enum GatewayError {
-    #[transient]
-    Reset,
-    #[transient(from)]
-    Jobguard(jobguard::Error),
-}
-
-impl std::fmt::Display for GatewayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{self:?}")
-    }
-}
-
-impl From<jobguard::Error> for GatewayError {
-    fn from(e: jobguard::Error) -> Self {
-        Self::Jobguard(e)
-    }
-}
-
 #[jobguard::retry(attempts = 1, breaker = ONE_FAILURE)]
 async fn pending_then_reset() -> Result<(), GatewayError> {
     tokio::task::yield_now().await;
-    Err(GatewayError::Reset)
+    Err(GatewayError::Timeout)
 }
 
 #[jobguard::retry(attempts = 1, breaker = ONE_FAILURE)]
@@ -77,7 +58,7 @@ async fn a_pending_first_attempt_counts_its_failure_against_the_breaker() {
     assert_eq!(ONE_FAILURE.state(), BreakerState::Closed);
     assert!(matches!(
         pending_then_reset().await,
-        Err(GatewayError::Reset)
+        Err(GatewayError::Timeout)
     ));
     // The failure was booked in the epoch the first attempt was admitted in.
     assert_eq!(ONE_FAILURE.state(), BreakerState::Open);
