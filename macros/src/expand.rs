@@ -378,10 +378,7 @@ fn expand(
 /// type, so `?` converts errors as it does in the function, and type errors land on the
 /// function's return type.
 fn attempt_block(block: &Block, ret: &Type) -> TokenStream {
-    let stmts = attempt_stmts(block, ret);
-    quote! {
-        async { #stmts }
-    }
+    Attempt::Stmts(attempt_stmts(block, ret)).into_block()
 }
 
 /// The body's statements behind the return-type edge of [`attempt_block`].

@@ -18,10 +18,11 @@
 //!
 //! The loop stays in the caller because the body of each attempt borrows the caller's
 //! parameters (or the closure of [`Policy::run`]): a future that owned the loop would have to
-//! own both the closure and the attempt borrowing it. (A runtime `async fn` looping over an
-//! `AsyncFnMut` would, and its future is then `Send` only for one lifetime of the closure's
-//! borrow, which a spawned job or an apalis worker rejects: "implementation of `Send` is not
-//! general enough".)
+//! own both the closure and the attempt borrowing it. (Tried for `#[retry]`: a runtime `async fn`
+//! looping over the body's `async` closure made the job's future `Send` for one lifetime of the
+//! closure's borrow only, which the server example's apalis worker rejected: "implementation of
+//! `Send` is not general enough". `Policy::run` is such a function, over a closure its caller
+//! owns.)
 //!
 //! What to do after an outcome is [`decide`], a plain function over plain data. The success path
 //! allocates nothing, takes no lock, looks up no runtime and builds no event when nothing
@@ -162,7 +163,8 @@ impl<'a> Spec<'a> {
         }
     }
 
-    /// Counts attempt `number` of a call of this job into the `metrics` recorder in scope.
+    /// Counts attempt `number` of a call of this job into the `metrics` recorder in scope: the
+    /// one event of a lean call that only `metrics` may watch, on its inline path.
     #[inline(never)]
     fn count_attempt(&self, number: u32) {
         crate::observe::record_metrics(
@@ -514,13 +516,6 @@ impl<'a> Retry<'a> {
             (Watch::Observers, None) => Current::with_installed(installed).emit_job(event, known),
             _ => crate::observe::record_job(event, known),
         }
-    }
-
-    /// Counts attempt `number` into the `metrics` recorder in scope: the one event of a lean call
-    /// that only `metrics` may watch, on its inline path.
-    #[inline(never)]
-    fn count_attempt(&self, number: u32) {
-        self.spec.count_attempt(number);
     }
 
     /// Admits the next attempt: asks the breaker, counts the attempt, and sets the time limit
@@ -1130,7 +1125,7 @@ where
         }
         let number = this.retry.number + 1;
         if cfg!(feature = "metrics") && this.retry.mode.watch() == Watch::Metrics {
-            this.retry.count_attempt(number);
+            this.retry.spec.count_attempt(number);
         }
         let attempt = this.attempt;
         let (polled, learned) = attempt::poll_first(number, || attempt.poll(cx));
@@ -1454,8 +1449,8 @@ impl<'a, T, E, F, C, K, G: Guard<'a, E>> Round<'_, 'a, T, E, F, C, K, G> {
 
 impl<'a> Retry<'a> {
     /// A call's first attempt, `attempt`, for the job `spec` describes, with no breaker: see
-    /// [`First`]. The call's loop goes on from the [`Resume`] it resolves to when the attempt
-    /// does not settle the call.
+    /// [`First`]. When the attempt does not settle the call, it resolves to what it [`Went`]
+    /// through, and the call's loop goes on from [`Went::resume`].
     #[inline(always)]
     pub fn first<T, E, F>(spec: &'a Spec<'a>, attempt: F) -> First<'a, T, E, F, Unguarded>
     where
