@@ -1,6 +1,7 @@
 //! What the Postgres tests' jobs share: an error that is the database's or jobguard's (or a
 //! made-up transient one), classified as jobguard classifies each, a pool with a patient
-//! acquire timeout for tests that race many deliveries, and the count of a job's effect rows.
+//! acquire timeout for tests that race many deliveries, and the count and the ids of a job's
+//! effect rows.
 
 use jobguard::{PgStore, StoreKey, Transient, Verdict};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -83,4 +84,14 @@ pub async fn effects(pool: &PgPool, key: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count the effects")
+}
+
+/// The ids of the tests' `effects` rows written for `key`, in id order: which attempt's effect
+/// landed (for a table whose `id` column is a `bigserial`).
+pub async fn effect_ids(pool: &PgPool, key: &str) -> Vec<i64> {
+    sqlx::query_scalar("SELECT id FROM effects WHERE key = $1 ORDER BY id")
+        .bind(key)
+        .fetch_all(pool)
+        .await
+        .expect("read the effects' ids")
 }
