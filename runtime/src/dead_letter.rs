@@ -110,11 +110,12 @@ pub fn decode(record: &[u8]) -> Result<DeadLetter, Error> {
     serde_json::from_slice(record).map_err(|e| Error::Corrupt(format!("not a dead letter: {e}")))
 }
 
-/// What precedes the record in the log lines of a lost or dropped letter.
+/// What precedes the record in the log lines of a lost, dropped or logged letter.
 const IN_LOG: &str = "the letter: ";
 
 /// The letter a log line of jobguard's carries: a letter its sink did not take (`... its dead
-/// letter was lost: ...; the letter: {record}`) or one a bounded sink dropped at capacity. The
+/// letter was lost: ...; the letter: {record}`), one a bounded sink dropped at capacity, or one
+/// [`LogDeadLetters`] logged. The
 /// record is the end of the line, as [`encode`] wrote it; give the line's message (with a JSON
 /// log format, the `message` field's value, unescaped). A line without a record that
 /// [`decode`] reads is [`Error::Corrupt`].
@@ -294,7 +295,7 @@ impl MemoryDeadLetters {
             encode(old),
         ));
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::dead_letter_dropped("memory");
+        crate::observe::metrics::dead_letters_dropped("memory", 1);
     }
 }
 
@@ -466,17 +467,11 @@ pub(crate) fn redriven_crashed(job: &str, key: &str) -> bool {
     redriven_letter(job, Some(key)) == Some(GiveUp::Crashed)
 }
 
-/// Sends `letter` to `sink`, and reports a letter the sink refuses ([`letter_lost`]): `true`
-/// when the sink took it. How the idempotency guard sends its crash letter; the lost letter's
-/// event goes to the runtime in scope, as the guard's other events do.
-pub(crate) async fn deliver(sink: &dyn DeadLetterSink, letter: DeadLetter) -> bool {
-    deliver_observed(sink, letter, crate::observe::emit_unowned).await
-}
-
-/// [`deliver`], with `raise` given the [`Event::DeadLetterLost`] of a letter the sink refused
-/// (once, and never when the sink took the letter): how the retry engine sends its letter,
-/// raising the event only when the call's observation, decided when it started, says someone
-/// watches.
+/// Sends `letter` to `sink`, and reports a letter the sink refuses ([`letter_lost`]), with
+/// `raise` given its [`Event::DeadLetterLost`] (once, and never when the sink took the letter):
+/// `true` when the sink took it. The retry engine raises the event only when the call's
+/// observation, decided when it started, says someone watches; the idempotency guard through
+/// the runtime its other events go to.
 pub(crate) async fn deliver_observed(
     sink: &dyn DeadLetterSink,
     letter: DeadLetter,

@@ -63,9 +63,9 @@ pub enum Error {
 }
 
 impl Error {
-    /// `self`, a [`Error::Corrupt`] naming the key whose record it is about, as the guard and the
-    /// HTTP layer hand it to the job (a store's own message does not know the key); any other
-    /// error as it is.
+    /// `self`, a [`Error::Corrupt`] naming the key whose record it is about, as the guard and
+    /// `PgStore`'s transactional forms hand it to the job (a store's own message does not know
+    /// the key); any other error as it is.
     pub(crate) fn at_key(self, scope: &str, key: &str) -> Error {
         match self {
             Error::Corrupt(why) => Error::Corrupt(format!("{why} (key {key:?} of {scope:?})")),

@@ -74,7 +74,7 @@ use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error, log_warn};
 use crate::record::{DeadLetter, GiveUp};
 pub(crate) use crate::store::record::new_token;
-use crate::store::record::{decode, encode_replayable, encode_unreplayable, settled};
+use crate::store::record::{decode, encode_replayable, encode_unreplayable, key_reused, settled};
 use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
@@ -291,12 +291,7 @@ impl<'a> Idempotent<'a> {
                     // record stands: settled. Against a live claim it can (that run may fail
                     // and release the key), so a runner may deliver the job again.
                     let completed = matches!(store.lookup(key).await, Ok(Some(_)));
-                    let error = if completed {
-                        settled(Error::KeyReused)
-                    } else {
-                        Error::KeyReused
-                    };
-                    return Err(E::from(error));
+                    return Err(E::from(key_reused(completed)));
                 }
                 Claimed::Poisoned { crashes, first } => {
                     // Inside a redrive of this job's own `crashed` letter, the operator asked
@@ -405,8 +400,9 @@ impl<'a> Idempotent<'a> {
         runtime.emit(&Event::DeadLetter(&letter));
         let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
         // The store reports a poisoned key's first refusal once: a letter the sink did not take
-        // is written to the log whole (by `deliver`), or nothing would record it.
-        crate::dead_letter::deliver(sink, letter).await;
+        // is written to the log whole (by `deliver_observed`), or nothing would record it. Its
+        // loss is raised where the letter was.
+        crate::dead_letter::deliver_observed(sink, letter, |event| runtime.emit(event)).await;
     }
 
     /// Runs `work`, renewing the lease every third of it.

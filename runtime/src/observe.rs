@@ -225,9 +225,12 @@ pub enum Event<'a> {
         key: &'a str,
     },
     /// The key could not be claimed: the store could not be reached or answered with an error,
-    /// or held a record this build cannot read. The job does not run (the call fails closed with
+    /// or its answer could not be read. The job does not run (the call fails closed with
     /// `error`, [`Error::Store`](crate::Error::Store) or [`Error::Corrupt`](crate::Error::Corrupt));
-    /// a redelivery tries again. Raised once a call, by the guard and by the HTTP layer.
+    /// a redelivery tries again. Raised once a call, by the guard's [`Store`](crate::Store) form
+    /// and by the HTTP layer; not by `PgStore`'s transactional forms, whose caller holds the
+    /// error, nor for a completed record whose result does not read back (that replay fails
+    /// with `Error::Corrupt` or `Error::Unreplayable`).
     ClaimFailed {
         /// The key's namespace.
         scope: &'a str,
@@ -323,26 +326,20 @@ impl fmt::Debug for Event<'_> {
                 .field("reason", &reason)
                 .field("error", &format_args!("{error}"))
                 .finish(),
-            Event::Claimed { scope, key } => scoped(f, "Claimed", scope, key),
-            Event::Replayed { scope, key } => scoped(f, "Replayed", scope, key),
+            Event::Claimed { scope, key } => scoped(f, "Claimed", scope, key).finish(),
+            Event::Replayed { scope, key } => scoped(f, "Replayed", scope, key).finish(),
             Event::InProgress {
                 scope,
                 key,
                 retry_in,
-            } => f
-                .debug_struct("InProgress")
-                .field("scope", &scope)
-                .field("key", &key)
+            } => scoped(f, "InProgress", scope, key)
                 .field("retry_in", &retry_in)
                 .finish(),
-            Event::Released { scope, key } => scoped(f, "Released", scope, key),
-            Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key),
-            Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key),
-            Event::ClaimFailed { scope, key, error } => f
-                .debug_struct("ClaimFailed")
-                .field("scope", &scope)
-                .field("key", &key)
-                .field("error", &error)
+            Event::Released { scope, key } => scoped(f, "Released", scope, key).finish(),
+            Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key).finish(),
+            Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key).finish(),
+            Event::ClaimFailed { scope, key, error } => scoped(f, "ClaimFailed", scope, key)
+                .field("error", &format_args!("{error}"))
                 .finish(),
             Event::Evicted {
                 store,
@@ -366,11 +363,16 @@ impl fmt::Debug for Event<'_> {
     }
 }
 
-fn scoped(f: &mut fmt::Formatter<'_>, name: &str, scope: &str, key: &str) -> fmt::Result {
-    f.debug_struct(name)
-        .field("scope", &scope)
-        .field("key", &key)
-        .finish()
+/// The start of an idempotency event's `Debug`: its name, scope and key.
+fn scoped<'f, 'b>(
+    f: &'f mut fmt::Formatter<'b>,
+    name: &str,
+    scope: &str,
+    key: &str,
+) -> fmt::DebugStruct<'f, 'b> {
+    let mut s = f.debug_struct(name);
+    s.field("scope", &scope).field("key", &key);
+    s
 }
 
 /// A hook the runtime calls for every [`Event`]. Closures `Fn(&Event)` are observers.

@@ -25,12 +25,12 @@
 //!
 //! # Records
 //!
-//! Each letter is one stream entry, written with
-//! `XADD <stream> MAXLEN ~ <max_len> * letter <json>`: a single field `letter` whose value is the
-//! letter's record ([`encode`]): the [`DeadLetter`] as a JSON object with one more member, `"v"`,
-//! the format version ([`FORMAT_VERSION`]). `MAXLEN ~` trims the oldest entries once the stream
-//! is well past `max_len` (Redis trims whole nodes, so the stream may hold somewhat more than
-//! `max_len`). A letter its sink could not take is logged as that same record (see
+//! Each letter is one stream entry, written with `XADD <stream> * letter <json>`: a single field
+//! `letter` whose value is the letter's record ([`encode`]): the [`DeadLetter`] as a JSON object
+//! with one more member, `"v"`, the format version ([`FORMAT_VERSION`]). In the same round trip,
+//! `XTRIM <stream> MAXLEN ~ <max_len>` trims the oldest entries once the stream is well past
+//! [`max_len`](RedisDeadLetters::max_len) (Redis trims whole nodes, so the stream may hold
+//! somewhat more); the entries it gives up are logged with their count and counted as dropped. A letter its sink could not take is logged as that same record (see
 //! [Lost letters](super#lost-letters)), so it can be `XADD`ed back as it is.
 //!
 //! An entry that is not such a record (no `letter` field, not JSON, not a letter, another format

@@ -210,12 +210,6 @@ pub(crate) fn record(event: &Event<'_>) {
     }
 }
 
-/// Counts a letter a bounded sink dropped.
-#[cold]
-pub(crate) fn dead_letter_dropped(sink: &'static str) {
-    dead_letters_dropped(sink, 1);
-}
-
 /// Counts `count` letters a bounded sink dropped (a Redis stream trimmed to its bound).
 #[cold]
 pub(crate) fn dead_letters_dropped(sink: &'static str, count: u64) {

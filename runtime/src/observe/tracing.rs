@@ -9,7 +9,7 @@
 //! | event | level | message | fields |
 //! |---|---|---|---|
 //! | a failed attempt will be retried | `INFO` | `retrying` | `attempt`, `delay`, `verdict`, `error` |
-//! | the job gave up | `WARN` | `gave up` | `reason`, `attempts`, `error` (and `job`, `key` for a poison job's letter, raised outside the retry loop's span) |
+//! | the job gave up | `WARN` | `gave up` | `job`, `key`, `reason`, `attempts`, `error` (a poison job's letter is raised outside the retry loop's span) |
 //! | the sink refused the job's dead letter | `WARN` | `dead letter lost` | `job`, `key`, `reason`, `attempts`, `error` (the sink's) |
 //! | the job succeeded | `DEBUG` | `succeeded` | `attempts` |
 //! | a completed key was replayed | `INFO` | `replayed` | `scope`, `key` |
@@ -122,19 +122,12 @@ fn record_enabled(event: &Event<'_>) {
             "retrying",
         ),
         Event::Succeeded { attempts, .. } => debug!(target: "jobguard", attempts, "succeeded"),
-        // A poison job's letter is the idempotency guard's, raised outside the retry loop's
-        // span: it names its job and key itself.
-        Event::DeadLetter(letter) if letter.reason == crate::GiveUp::Crashed => warn!(
+        // The letter names its job and key itself: a poison job's is the idempotency guard's,
+        // raised outside the retry loop's span.
+        Event::DeadLetter(letter) => warn!(
             target: "jobguard",
             job = %letter.job,
             key = letter.key.as_deref(),
-            reason = letter.reason.as_str(),
-            attempts = letter.attempts,
-            error = %letter.error,
-            "gave up",
-        ),
-        Event::DeadLetter(letter) => warn!(
-            target: "jobguard",
             reason = letter.reason.as_str(),
             attempts = letter.attempts,
             error = %letter.error,

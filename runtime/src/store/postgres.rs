@@ -117,7 +117,7 @@
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::store::record::{
-    DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, new_token, settled,
+    DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, key_reused, new_token, settled,
 };
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -883,14 +883,14 @@ impl InTransaction<'_> {
         let store_key = StoreKey { scope: &scope, key };
         let (scope, stored) = PgStore::row_key(store_key);
         let token = new_token();
-        let at_key = |e: Error| E::from(settled(e).at_key(store_key.scope, store_key.key));
+        let at_key = keyed::<E>(store_key);
         match claim_in(&mut *conn, &scope, &stored, &token, fingerprint.as_deref())
             .await
             .map_err(at_key)?
         {
             Found::Acquired => {}
             Found::Completed(bytes) => return decode::<T>(&bytes).map_err(at_key),
-            Found::Reused { completed } => return Err(reused_error(completed)),
+            Found::Reused { completed } => return Err(E::from(key_reused(completed))),
             Found::Claimed => return Err(E::from(Error::InProgress)),
         }
         let failed = match work(&mut *conn).await {
@@ -1015,10 +1015,12 @@ impl Begin<'_> {
         // in one statement outside any transaction, after the failed BEGIN's ROLLBACK (three
         // round trips for a replay); an expired row, or one deleted since, is claimed in a
         // transaction.
-        let at_key = |e: Error| E::from(settled(e).at_key(store_key.scope, store_key.key));
+        let at_key = keyed::<E>(store_key);
         match read_in(&mut *conn, &scope, &stored, fingerprint).await {
             Ok(Seen::Live(Found::Completed(bytes))) => return decode::<T>(&bytes).map_err(at_key),
-            Ok(Seen::Live(Found::Reused { completed })) => return Err(reused_error(completed)),
+            Ok(Seen::Live(Found::Reused { completed })) => {
+                return Err(E::from(key_reused(completed)));
+            }
             Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
             Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
             Err(e) => return Err(at_key(e)),
@@ -1036,7 +1038,7 @@ impl Begin<'_> {
                 return finish(tx, store_key, (&scope, &stored), &token, ttl, work).await;
             }
             Ok(Found::Completed(bytes)) => decode::<T>(&bytes).map_err(at_key),
-            Ok(Found::Reused { completed }) => Err(reused_error(completed)),
+            Ok(Found::Reused { completed }) => Err(E::from(key_reused(completed))),
             Ok(Found::Claimed) => Err(E::from(Error::InProgress)),
             Err(e) => Err(at_key(e)),
         };
@@ -1046,15 +1048,10 @@ impl Begin<'_> {
     }
 }
 
-/// [`Error::KeyReused`] for a key another fingerprint holds: `completed` settles a runner's
-/// delivery (no redelivery can change it while the record stands), a live claim does not (it
-/// may yet be released).
-fn reused_error<E: From<Error>>(completed: bool) -> E {
-    E::from(if completed {
-        settled(Error::KeyReused)
-    } else {
-        Error::KeyReused
-    })
+/// How the transactional forms return an error about `key`: settled when no redelivery can
+/// change it ([`settled`]), a corrupt record naming the key ([`Error::at_key`]).
+fn keyed<E: From<Error>>(key: StoreKey<'_>) -> impl Fn(Error) -> E + Copy + '_ {
+    move |e| E::from(settled(e).at_key(key.scope, key.key))
 }
 
 /// Runs `work` in `tx`, the key claimed with `token`; writes the result and commits, or rolls

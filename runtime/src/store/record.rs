@@ -122,15 +122,25 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
 
 /// `error`, after settling the runner's delivery in scope (see
 /// [`Delivery::scope_settled`](crate::Delivery::scope_settled)) when it is a refusal no
-/// redelivery can change while the key's record stands: a key reused against a completed record
-/// (callers pass a reuse against a live claim, which may yet be released, unsettled), or a
-/// replay of a result that could not be kept. How the guard and `PgStore`'s transactional form
-/// return them.
+/// redelivery can change while the key's record stands: a replay of a result that could not be
+/// kept. How the guard and `PgStore`'s transactional form return it; a reused key is
+/// [`key_reused`]'s.
 pub(crate) fn settled(error: Error) -> Error {
-    if matches!(error, Error::KeyReused | Error::Unreplayable(_)) {
+    if matches!(error, Error::Unreplayable(_)) {
         crate::attempt::Delivery::settle();
     }
     error
+}
+
+/// [`Error::KeyReused`] for a key another fingerprint holds: against a `completed` record it
+/// settles the runner's delivery in scope (no redelivery can change it while the record
+/// stands); against a live claim it does not (that run may fail and release the key, and a
+/// redelivery then runs the job).
+pub(crate) fn key_reused(completed: bool) -> Error {
+    if completed {
+        crate::attempt::Delivery::settle();
+    }
+    Error::KeyReused
 }
 
 /// A fresh claim token: 128 random bits.
