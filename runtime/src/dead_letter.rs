@@ -522,7 +522,26 @@ mod tests {
             t,
             t,
         )
+        .with_history(vec!["timeout".into(); 2])
         .with_payload(Some(serde_json::json!(["order-B", 100])))
+    }
+
+    #[test]
+    fn records_round_trip_with_their_version() {
+        let record = encode(&letter());
+        assert!(record.starts_with(r#"{"v":1,"#), "{record}");
+        assert_eq!(decode(record.as_bytes()).unwrap(), letter());
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_corrupt() {
+        let v2 = encode(&letter()).replacen(r#""v":1"#, r#""v":2"#, 1);
+        for bad in [v2.as_str(), "", "{}", "[1]", r#"{"v":1,"job":7}"#, "\u{0}"] {
+            assert!(
+                matches!(decode(bad.as_bytes()), Err(Error::Corrupt(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
