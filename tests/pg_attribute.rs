@@ -2,7 +2,7 @@
 //! caller's transaction through the attribute, for both parameter types, and with `#[retry]`
 //! each attempt in a savepoint that a failed one rolls back.
 
-use jobguard_testkit::pg_job::{JobError, effects};
+use jobguard_testkit::pg_job::{JobError, effects, make_effects};
 use jobguard_testkit::postgres;
 
 use jobguard::PgStore;
@@ -63,10 +63,7 @@ async fn ratio(tx: &mut PgConnection, order: &str) -> Result<f64, JobError> {
 async fn setup(server: &PgServer) -> PgPool {
     let store = PgStore::connect(&server.url()).await.unwrap();
     store.migrate().await.unwrap();
-    sqlx::raw_sql("CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
+    make_effects(store.pool()).await;
     store.pool().clone()
 }
 

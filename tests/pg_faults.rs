@@ -1,7 +1,7 @@
 //! Postgres going away: stopped before or while a job runs, the job fails closed with
 //! `Error::Store` and leaves no effect; restarted, the same store and pool work again.
 
-use jobguard_testkit::postgres;
+use jobguard_testkit::{pg_job::make_effects, postgres};
 
 use jobguard::idempotency::Idempotent;
 use jobguard::store::postgres::PgStore;
@@ -65,15 +65,12 @@ async fn a_database_stopped_inside_the_transaction_leaves_no_effect_and_no_key()
     let store = PgStore::connect(&server.url()).await.unwrap();
     store.migrate().await.unwrap();
     let pool = store.pool().clone();
-    sqlx::raw_sql("CREATE TABLE effects (key text NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    make_effects(&pool).await;
 
     let mut tx = pool.begin().await.unwrap();
     let cut: Result<i32, Error> = PgStore::in_transaction(&mut tx, "tests.faults", "k")
         .run(async |tx| {
-            sqlx::query("INSERT INTO effects VALUES ('k')")
+            sqlx::query("INSERT INTO effects (key) VALUES ('k')")
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| Error::Store(e.to_string()))?;
@@ -100,7 +97,7 @@ async fn a_database_stopped_inside_the_transaction_leaves_no_effect_and_no_key()
     let mut tx = pool.begin().await.unwrap();
     let again: i32 = PgStore::in_transaction(&mut tx, "tests.faults", "k")
         .run(async |tx| {
-            sqlx::query("INSERT INTO effects VALUES ('k')")
+            sqlx::query("INSERT INTO effects (key) VALUES ('k')")
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| Error::Store(e.to_string()))?;

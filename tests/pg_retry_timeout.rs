@@ -4,7 +4,7 @@
 //! transaction jobguard begins, through `Policy::run` and `savepoint` by hand (the attempt cut
 //! during a statement as well as between two), and with a guarded call nested in the cut one.
 
-use jobguard_testkit::pg_job::{JobError, effect_ids, effects, pool};
+use jobguard_testkit::pg_job::{JobError, effect_ids, effects, make_effects, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{Savepoint, savepoint};
@@ -33,10 +33,7 @@ async fn setup() -> Option<(PgServer, PgPool)> {
     let server = PgServer::start()?;
     let pool = pool(&server.url(), 4).await;
     PgStore::new(pool.clone()).migrate().await.unwrap();
-    sqlx::raw_sql("CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    make_effects(&pool).await;
     Some((server, pool))
 }
 

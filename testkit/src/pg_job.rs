@@ -76,8 +76,17 @@ pub async fn lapse(pool: &PgPool, key: StoreKey<'_>) {
     .expect("move the row into the past");
 }
 
+/// Makes the tests' `effects` table on `pool`: an `id bigserial` and the `key` a job's effect
+/// was written for.
+pub async fn make_effects(pool: &PgPool) {
+    sqlx::raw_sql("CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL)")
+        .execute(pool)
+        .await
+        .expect("make the effects table");
+}
+
 /// The rows of the tests' `effects` table written for `key`: how many times a job's effect
-/// landed (each test makes the table, with at least a `key text` column).
+/// landed (the table [`make_effects`] makes).
 pub async fn effects(pool: &PgPool, key: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM effects WHERE key = $1")
         .bind(key)
