@@ -521,6 +521,13 @@ const LOOKUP: &str = "SELECT result FROM jobguard_keys \
 const CRASHES_AFTER: &str = "(CASE WHEN k.expires_at <= now() THEN 0 \
      WHEN k.token IS NOT NULL THEN k.crashes + 1 ELSE k.crashes END)";
 
+// A row a claim may take (`CLAIM`, `TAKE_OVER_IN`, and `READ_IN`'s answer): expired, released
+// (no token, no result, not poisoned; left by the `Store` form), or a claim whose lease lapsed
+// (its worker died).
+const FREE: &str = "(k.expires_at <= now() \
+     OR (k.token IS NULL AND k.result IS NULL AND NOT k.poisoned) \
+     OR (k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now()))";
+
 // $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs, $6 TTL in µs, $7 crash limit (0:
 // none). One row: the state (0 acquired, 1 completed, 2 claimed, 3 reused, 4 poisoned by this
 // claim, 5 poisoned before, 6 free or lapsed but not taken: run again), the µs left on the
@@ -546,9 +553,7 @@ WITH taken AS (
             generation = CASE WHEN {poison} THEN k.generation ELSE k.generation + 1 END,
             crashes = {CRASHES_AFTER},
             poisoned = {poison}
-        WHERE k.expires_at <= now()
-           OR (k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now())
-           OR (k.token IS NULL AND k.result IS NULL AND NOT k.poisoned)
+        WHERE {FREE}
     RETURNING k.poisoned, k.generation, k.crashes
 )
 SELECT CASE WHEN poisoned THEN 4 ELSE 0 END, NULL::bigint, NULL::bytea, generation,
@@ -1228,7 +1233,7 @@ async fn read_in(
     fingerprint: Option<&str>,
 ) -> Result<Seen, Error> {
     let fail = |e: sqlx::Error| store_error("claim failed", &e);
-    let Some(row) = sqlx::query(READ_IN)
+    let Some(row) = sqlx::query(READ_IN.as_str())
         .bind(scope)
         .bind(key)
         .bind(fingerprint)
@@ -1319,19 +1324,21 @@ ON CONFLICT (scope, key) DO NOTHING
 RETURNING 1
 "#;
 
-// $1 scope, $2 key, $3 fingerprint.
-// A released row (neither token nor result, not poisoned; left by the `Store` form) is free, and
-// so is a claim whose lease lapsed (the `Store` form's worker died), as `CLAIM` takes it over.
-const READ_IN: &str = r#"
-SELECT expires_at <= now() OR (token IS NULL AND result IS NULL AND NOT poisoned)
-           OR (token IS NOT NULL AND coalesce(lease_ends_at, expires_at) <= now()),
-       fingerprint IS NOT NULL AND $3::text IS NOT NULL AND fingerprint <> $3::text,
-       token IS NULL,
-       result,
-       poisoned,
-       crashes
-FROM jobguard_keys WHERE scope = $1 AND key = $2
-"#;
+// $1 scope, $2 key, $3 fingerprint. Whether the row is free as `CLAIM` takes it (`FREE`), then
+// what a live row says.
+static READ_IN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#"
+SELECT {FREE},
+       k.fingerprint IS NOT NULL AND $3::text IS NOT NULL AND k.fingerprint <> $3::text,
+       k.token IS NULL,
+       k.result,
+       k.poisoned,
+       k.crashes
+FROM jobguard_keys k WHERE k.scope = $1 AND k.key = $2
+"#
+    )
+});
 
 // $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs. Takes over an expired row, a
 // released one, or a claim whose lease lapsed: one more generation, as `CLAIM`, so the lapsed
@@ -1345,9 +1352,7 @@ SET token = $3, fingerprint = $4, result = NULL, poisoned = false, lease_ends_at
     generation = k.generation + 1,
     crashes = {CRASHES_AFTER},
     expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE k.scope = $1 AND k.key = $2
-  AND (k.expires_at <= now() OR (k.token IS NULL AND k.result IS NULL AND NOT k.poisoned)
-       OR (k.token IS NOT NULL AND coalesce(k.lease_ends_at, k.expires_at) <= now()))
+WHERE k.scope = $1 AND k.key = $2 AND {FREE}
 RETURNING 1
 "#
     )
