@@ -49,7 +49,7 @@ use crate::Error;
 use crate::observe::Event;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::fmt::Display;
+use std::fmt::{self, Display};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -283,17 +283,19 @@ impl MemoryDeadLetters {
     #[cold]
     fn report_drop(&self, old: &DeadLetter) {
         let total = self.inner.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        crate::observe::log_error(format_args!(
-            "jobguard: in-memory dead letters full ({} kept): dropped the oldest, job {} key {} \
-             ({}, {} attempt(s)): {}; {total} dropped so far; {IN_LOG}{}",
-            self.inner.capacity,
-            old.job,
-            old.key.as_deref().unwrap_or("-"),
-            old.reason,
-            old.attempts,
-            old.error,
-            encode(old),
-        ));
+        log_with_record(
+            format_args!(
+                "jobguard: in-memory dead letters full ({} kept): dropped the oldest, job {} key \
+                 {} ({}, {} attempt(s)): {}; {total} dropped so far",
+                self.inner.capacity,
+                old.job,
+                old.key.as_deref().unwrap_or("-"),
+                old.reason,
+                old.attempts,
+                old.error,
+            ),
+            &encode(old),
+        );
         #[cfg(feature = "metrics")]
         crate::observe::metrics::dead_letters_dropped("memory", 1);
     }
@@ -407,15 +409,17 @@ impl DeadLetterSink for LogDeadLetters {
         #[cfg(not(feature = "tracing"))]
         let logged = false;
         if !logged {
-            crate::observe::log_error(format_args!(
-                "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}; \
-                 {IN_LOG}{record}",
-                letter.job,
-                letter.key.as_deref().unwrap_or("-"),
-                letter.reason,
-                letter.attempts,
-                letter.error
-            ));
+            log_with_record(
+                format_args!(
+                    "jobguard: dead letter: job {} key {} gave up ({}) after {} attempt(s): {}",
+                    letter.job,
+                    letter.key.as_deref().unwrap_or("-"),
+                    letter.reason,
+                    letter.attempts,
+                    letter.error
+                ),
+                &record,
+            );
         }
         self.kept.push(letter);
         Box::pin(std::future::ready(Ok(())))
@@ -498,12 +502,20 @@ pub(crate) async fn deliver_observed(
 /// letter. [`from_log`] reads the letter back from it.
 #[cold]
 fn letter_lost(letter: &DeadLetter, error: &dyn Display) {
-    crate::observe::log_error(format_args!(
-        "jobguard: job {} gave up ({}) but its dead letter was lost: {error}; {IN_LOG}{}",
-        letter.job,
-        letter.reason,
-        encode(letter)
-    ));
+    log_with_record(
+        format_args!(
+            "jobguard: job {} gave up ({}) but its dead letter was lost: {error}",
+            letter.job, letter.reason,
+        ),
+        &encode(letter),
+    );
+}
+
+/// Logs `summary` at error level, the letter's `record` ([`encode`]) ending the line after
+/// [`IN_LOG`]: the one shape of the lines [`from_log`] reads back.
+#[cold]
+fn log_with_record(summary: fmt::Arguments<'_>, record: &str) {
+    crate::observe::log_error(format_args!("{summary}; {IN_LOG}{record}"));
 }
 
 #[cfg(test)]

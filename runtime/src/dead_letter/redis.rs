@@ -213,7 +213,12 @@ impl RedisDeadLetters {
         let mut replies = replies.into_iter();
         let reply = match replies.next() {
             Some(reply) => reply.map_err(|e| self.store_error("XADD", &e))?,
-            None => return Err(Error::Store("no reply to XADD".into())),
+            None => {
+                return Err(Error::Store(format!(
+                    "dead-letter stream {}: no reply to XADD",
+                    self.stream
+                )));
+            }
         };
         match replies.next() {
             Some(Ok(Value::Int(trimmed))) if trimmed > 0 => self.trimmed(trimmed.unsigned_abs()),

@@ -1027,7 +1027,7 @@ impl Begin<'_> {
                 return Err(E::from(key_reused(completed)));
             }
             Ok(Seen::Live(Found::Claimed)) => return Err(E::from(Error::InProgress)),
-            Ok(Seen::Live(Found::Acquired) | Seen::Expired | Seen::Gone) => {}
+            Ok(Seen::Live(Found::Acquired) | Seen::Free | Seen::Gone) => {}
             Err(e) => return Err(at_key(e)),
         }
         // The ROLLBACK sqlx queued ended the fast path's transaction; the check is repeated all
@@ -1221,7 +1221,7 @@ enum Seen {
     /// No row: deleted since the insert met it.
     Gone,
     /// Free to take over: expired, released, or a claim whose lease lapsed.
-    Expired,
+    Free,
     /// Completed, held by a live claim, or holding another fingerprint.
     Live(Found),
 }
@@ -1246,7 +1246,7 @@ async fn read_in(
     let get = |i| row.try_get::<bool, _>(i).map_err(fail);
     let (expired, reused, completed) = (get(0)?, get(1)?, get(2)?);
     if expired {
-        return Ok(Seen::Expired);
+        return Ok(Seen::Free);
     }
     if get(4)? {
         // Poisoned by the `Store` form's crash count: refused here too.
@@ -1296,7 +1296,7 @@ async fn claim_in(
         match read_in(&mut *conn, scope, key, fingerprint).await? {
             Seen::Gone => continue,
             Seen::Live(found) => return Ok(found),
-            Seen::Expired => {}
+            Seen::Free => {}
         }
         let taken = sqlx::query(TAKE_OVER_IN.as_str())
             .bind(scope)
