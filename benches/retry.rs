@@ -16,8 +16,9 @@
 //! retried. The "bare" line is a hand-written `loop` that calls the work again until it
 //! succeeds: the least any retry can cost.
 //!
-//! Everything runs on one current-thread tokio runtime, the way a worker would run a job;
-//! criterion's `to_async` enters it once per sample, not once per call.
+//! Everything runs on one current-thread tokio runtime, the way a worker would run a job,
+//! entered once per sample, not once per call (criterion's `to_async` for the second group; a
+//! loop of calls under `iter_custom` for the first, which checks every answer).
 
 #[path = "support/success_path.rs"]
 mod success_path;
@@ -86,19 +87,38 @@ async fn tokio_retry(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
     .await
 }
 
-/// Benchmarks one contender of the success path.
+/// Benchmarks one contender of the success path, and checks every answer it gives while
+/// measured (a compare and a branch never taken, the same for every contender).
+///
+/// The check is made on the measured calls, not by a call of its own: a second caller of the
+/// contender (a `block_on` before measuring, as this bench had) kept LLVM from inlining any
+/// contender's poll into criterion's loop but the bare call's, which is small enough to be
+/// inlined from anywhere; a function with one caller is inlined far more readily. Each wrapper
+/// then paid a function call (its prologue, its state dispatch) that the bare call did not, and
+/// the ratio measured the inliner. Polled from one place, as a worker polls a job, every
+/// contender is treated alike. BENCHMARKS.md ("Tenth round") has the figures of both.
 macro_rules! answers {
     ($group:expr, $rt:expr, $name:expr, $call:path) => {{
-        assert_eq!($rt.block_on($call(41)).unwrap(), 42, "{}", $name);
-        // The answer is consumed as a `u64`: black-boxing the whole 16-byte `Result` let LLVM
-        // copy it with one 16-byte load over two 8-byte stores in some contenders' loops and not
-        // in others' (a store-forwarding stall of ~3 ns, seen in `#[retry]`'s loop and not in
-        // tokio-retry's), which measured the harness's codegen, not the contender.
         $group.bench_function($name, |b| {
-            b.to_async($rt)
-                .iter(|| async { black_box($call(black_box(41)).await.unwrap_or(0)) })
+            b.to_async($rt).iter(|| async {
+                // Consumed as a `u64`: black-boxing the whole 16-byte `Result` let LLVM copy it
+                // with one 16-byte load over two 8-byte stores in some contenders' loops and not
+                // in others' (a store-forwarding stall of ~3 ns), which measured the harness's
+                // codegen, not the contender.
+                let answer = $call(black_box(41)).await.unwrap_or(0);
+                if answer != 42 {
+                    wrong_answer($name, answer);
+                }
+                black_box(answer)
+            })
         });
     }};
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_answer(name: &str, answer: u64) -> ! {
+    panic!("{name}: {answer}, not 42")
 }
 
 /// Benchmarks one contender: each iteration is one job call from a fresh counter. Before
