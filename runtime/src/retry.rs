@@ -1628,6 +1628,7 @@ where
         }
         let watch = this.watch.watch();
         if !Mode::new(watch, true).lean() {
+            std::hint::cold_path();
             return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch)));
         }
         let breaker = this.guard.breaker();
@@ -1635,7 +1636,10 @@ where
         if let Some(breaker) = breaker {
             match breaker.closed_epoch() {
                 Some(epoch) => closed = Some(epoch),
-                None => return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch))),
+                None => {
+                    std::hint::cold_path();
+                    return Poll::Ready(ControlFlow::Continue(Went::unpolled(watch)));
+                }
             }
         }
         if cfg!(feature = "metrics") && watch == Watch::Metrics {
@@ -1650,14 +1654,18 @@ where
                 }
                 Poll::Ready(ControlFlow::Break(Ok(value)))
             }
-            Poll::Ready(Err(error)) => Poll::Ready(ControlFlow::Continue(Went {
-                watch,
-                closed,
-                finished: Some(Err(error)),
-                pended: None,
-            })),
+            Poll::Ready(Err(error)) => {
+                std::hint::cold_path();
+                Poll::Ready(ControlFlow::Continue(Went {
+                    watch,
+                    closed,
+                    finished: Some(Err(error)),
+                    pended: None,
+                }))
+            }
             // What the attempt learned of its start is read before anything else polls.
             Poll::Pending => {
+                std::hint::cold_path();
                 *this.pending = Some(went_pending(watch, closed, learned.started()));
                 Poll::Pending
             }
