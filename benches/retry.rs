@@ -16,9 +16,9 @@
 //! retried. The "bare" line is a hand-written `loop` that calls the work again until it
 //! succeeds: the least any retry can cost.
 //!
-//! Everything runs on one current-thread tokio runtime, the way a worker would run a job,
-//! entered once per sample, not once per call (criterion's `to_async` for the second group; a
-//! loop of calls under `iter_custom` for the first, which checks every answer).
+//! Everything runs on one current-thread tokio runtime, the way a worker would run a job;
+//! criterion's `to_async` enters it once per sample, not once per call. Every measured call's
+//! answer is checked as it comes (see `answers!` for why not by a call of its own).
 
 #[path = "support/success_path.rs"]
 mod success_path;
@@ -105,10 +105,10 @@ macro_rules! answers {
                 // with one 16-byte load over two 8-byte stores in some contenders' loops and not
                 // in others' (a store-forwarding stall of ~3 ns), which measured the harness's
                 // codegen, not the contender.
-                let answer = $call(black_box(41)).await.unwrap_or(0);
-                if answer != 42 {
-                    wrong_answer($name, answer);
-                }
+                let answer = match $call(black_box(41)).await {
+                    Ok(42) => 42,
+                    other => wrong_answer($name, other),
+                };
                 black_box(answer)
             })
         });
@@ -117,32 +117,33 @@ macro_rules! answers {
 
 #[cold]
 #[inline(never)]
-fn wrong_answer(name: &str, answer: u64) -> ! {
-    panic!("{name}: {answer}, not 42")
+fn wrong_answer(name: &str, answer: Result<u64, io::Error>) -> ! {
+    panic!("{name}: {answer:?}, not Ok(42)")
 }
 
-/// Benchmarks one contender: each iteration is one job call from a fresh counter. Before
-/// measuring, checks that the contender ran the work `fail + 1` times and succeeded.
+/// Benchmarks one contender: each iteration is one job call from a fresh counter, checked as
+/// it comes (as in `answers!`): the contender ran the work `fail + 1` times and succeeded.
 macro_rules! contender {
     ($group:expr, $rt:expr, $name:expr, $fail:expr, $call:path) => {{
         let fail: u32 = $fail;
-        $rt.block_on(async {
-            let calls = Cell::new(0);
-            assert_eq!(
-                $call(&calls, fail).await.unwrap(),
-                u64::from(fail),
-                "{}",
-                $name
-            );
-            assert_eq!(calls.get(), fail + 1, "{}", $name);
-        });
         $group.bench_function($name, |b| {
             b.to_async($rt).iter(|| async {
                 let calls = Cell::new(0);
-                black_box($call(black_box(&calls), black_box(fail)).await)
+                let out = $call(black_box(&calls), black_box(fail)).await;
+                let ran = calls.get();
+                match out {
+                    Ok(v) if v == u64::from(fail) && ran == fail + 1 => black_box(v),
+                    other => wrong_run($name, other, ran),
+                }
             })
         });
     }};
+}
+
+#[cold]
+#[inline(never)]
+fn wrong_run(name: &str, out: Result<u64, io::Error>, ran: u32) -> ! {
+    panic!("{name}: {out:?} after {ran} calls of the work")
 }
 
 fn retry(c: &mut Criterion) {

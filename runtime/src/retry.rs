@@ -1665,7 +1665,6 @@ where
             }
             // What the attempt learned of its start is read before anything else polls.
             Poll::Pending => {
-                std::hint::cold_path();
                 *this.pending = Some(went_pending(watch, closed, learned.started()));
                 Poll::Pending
             }
