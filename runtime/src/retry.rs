@@ -327,6 +327,14 @@ impl Slow {
             stamped: false,
         }
     }
+
+    /// Takes `now` as the current attempt's wall-clock start (and the first attempt's, if none
+    /// was taken before).
+    fn stamp_wall(&mut self, now: SystemTime) {
+        self.stamped = true;
+        self.first_wall.get_or_insert(now);
+        self.last_wall = Some(now);
+    }
 }
 
 /// The state only a failing call needs (and a call whose attempt is a half-open probe).
@@ -587,10 +595,7 @@ impl<'a> Retry<'a> {
     fn stamp(&mut self) {
         let slow = self.slow();
         if !slow.stamped {
-            slow.stamped = true;
-            let now = SystemTime::now();
-            slow.first_wall.get_or_insert(now);
-            slow.last_wall = Some(now);
+            slow.stamp_wall(SystemTime::now());
             if slow.attempt_started.is_none() {
                 slow.attempt_started = Some(Instant::now());
             }
@@ -1759,10 +1764,7 @@ impl<T, E> Went<T, E> {
             retry.number = 1;
         }
         if let Some((wall, installed)) = self.pended {
-            let slow = retry.slow.insert(Slow::new(installed));
-            slow.first_wall = Some(wall);
-            slow.last_wall = Some(wall);
-            slow.stamped = true;
+            retry.slow.insert(Slow::new(installed)).stamp_wall(wall);
         }
         Resume {
             retry,
