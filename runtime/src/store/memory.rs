@@ -953,6 +953,11 @@ impl Shard {
                 crashes,
             });
         }
+        /// A key's first claim in the store: nothing before it to number or count.
+        const FIRST_CLAIM: Claimed = Claimed::Acquired {
+            generation: 1,
+            crashes: 0,
+        };
         self.expire_some(SWEEP_STEP, now, false, tally);
         let mut record = Record::claimed(hash, key, token, fingerprint, lease_end, keep)?;
         let heap = record.heap();
@@ -965,10 +970,7 @@ impl Shard {
             if self.give_up_until(limits, now, tally, |shard| {
                 shard.table.len() <= limits.max_records && shard.fits(limits, 0, false)
             }) {
-                return Ok(Claimed::Acquired {
-                    generation: 1,
-                    crashes: 0,
-                });
+                return Ok(FIRST_CLAIM);
             }
             // No room: taken out again, and on as if it had never gone in (but for the table's
             // capacity: hashbrown may leave the slot a tombstone, as an eviction does, so that a
@@ -981,20 +983,14 @@ impl Shard {
             self.heap -= heap;
         } else if self.make_room(limits, heap, true, now, tally) {
             self.insert(record, heap);
-            return Ok(Claimed::Acquired {
-                generation: 1,
-                crashes: 0,
-            });
+            return Ok(FIRST_CLAIM);
         }
         self.expire_some(SWEEP_MORE, now, true, tally);
         if !self.make_room(limits, heap, true, now, tally) {
             return Err(self.full_error(limits, now, heap));
         }
         self.insert(record, heap);
-        Ok(Claimed::Acquired {
-            generation: 1,
-            crashes: 0,
-        })
+        Ok(FIRST_CLAIM)
     }
 
     /// The error that refuses a claim this shard has no room for: what fills the shard, in
