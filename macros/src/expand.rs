@@ -624,6 +624,7 @@ fn retry_loop(
                 #retry::#first(&#spec_name, #breaker_arg __jobguard_attempt()).await
             );
             let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg __jobguard_attempt(), #classify).await);
+            let rounds = rounds(call);
             quote! {
                 #head
                 #[allow(unused_mut)]
@@ -637,11 +638,7 @@ fn retry_loop(
                     };
                     async {
                         let mut __jobguard_retry = __jobguard_went.resume(&#spec_name);
-                        loop {
-                            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
-                                break __jobguard_done;
-                            }
-                        }
+                        #rounds
                     }
                     .await
                 }
@@ -650,15 +647,22 @@ fn retry_loop(
         body => {
             let body = body.into_block();
             let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
+            let rounds = rounds(call);
             quote! {
                 #head
                 let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
-                loop {
-                    if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call
-                    {
-                        break __jobguard_done;
-                    }
-                }
+                #rounds
+            }
+        }
+    }
+}
+
+/// The loop of rounds: `call` (one round, awaited) until it breaks with the call's result.
+fn rounds(call: TokenStream) -> TokenStream {
+    quote! {
+        loop {
+            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
+                break __jobguard_done;
             }
         }
     }
