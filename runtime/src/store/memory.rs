@@ -407,13 +407,12 @@ enum State {
 /// the oldest one given up for it each missed the cache twice.)
 #[repr(align(64))]
 struct Record {
-    hash: u64,
+    /// The low half of the key's table hash, from which [`table_hash`] makes it whole again.
+    hash: u32,
     /// The scope, the key, the fingerprint, then the payload, in one allocation: the claim's
     /// token while claimed, the stored result once completed, nothing otherwise.
     data: Box<[u8]>,
-    /// Scopes are names (a function's path by default): 64 KiB at most, so the record fits its
-    /// line.
-    scope_len: u16,
+    scope_len: u32,
     key_len: u32,
     /// The fingerprint's length, or [`NO_FINGERPRINT`].
     fp_len: u32,
@@ -443,14 +442,9 @@ impl Record {
         lease_end: u64,
         expires: u64,
     ) -> Result<Self, Error> {
-        let scope_len = u16::try_from(key.scope.len()).map_err(|_| {
-            Error::Store(format!(
-                "memory store: a scope of {} bytes; a scope is a name, of {} bytes at most",
-                key.scope.len(),
-                u16::MAX,
-            ))
-        })?;
-        let too_long = || Error::Store("memory store: key or fingerprint longer than 4 GiB".into());
+        let too_long =
+            || Error::Store("memory store: scope, key or fingerprint longer than 4 GiB".into());
+        let scope_len = u32::try_from(key.scope.len()).map_err(|_| too_long())?;
         let key_len = u32::try_from(key.key.len()).map_err(|_| too_long())?;
         let fp = fingerprint.unwrap_or("");
         let fp_len = match fingerprint {
@@ -466,7 +460,7 @@ impl Record {
         data.extend_from_slice(fp.as_bytes());
         data.extend_from_slice(token.as_bytes());
         Ok(Record {
-            hash,
+            hash: hash as u32,
             data: data.into_boxed_slice(),
             scope_len,
             key_len,
@@ -482,7 +476,7 @@ impl Record {
     #[inline]
     fn is(&self, hash: u64, key: StoreKey<'_>) -> bool {
         let (scope, key) = (key.scope.as_bytes(), key.key.as_bytes());
-        self.hash == hash
+        self.hash == hash as u32
             && self.scope_len as usize == scope.len()
             && self.key_len as usize == key.len()
             && self.data.get(..scope.len()) == Some(scope)
@@ -895,7 +889,8 @@ impl Shard {
         let moves = self.table.len() == self.table.capacity();
         let expires = record.expires;
         self.heap += heap;
-        self.table.insert_unique(record.hash, record, |r| r.hash);
+        let hash = table_hash(record.hash);
+        self.table.insert_unique(hash, record, |r| table_hash(r.hash));
         if moves {
             (self.pass_min, self.pass_left) = (NEVER, self.table.num_buckets());
         }
@@ -1290,6 +1285,16 @@ fn le_word(bytes: &[u8]) -> u64 {
     }
 }
 
+/// The hash a shard's table files a record under, from 32 bits of the key's SipHash (a record
+/// keeps only those, so that it fits one cache line): they are its low half, which places the
+/// record (the table takes its bucket from the low bits), and a multiple of them its high half,
+/// whose top seven bits tag the record in the table's control bytes. The store picks the shard
+/// by other bits of the SipHash (see `MemoryStore::locate`).
+#[inline(always)]
+fn table_hash(low: u32) -> u64 {
+    (u64::from(low).wrapping_mul(0x9e37_79b9_7f4a_7c15) & !u64::from(u32::MAX)) | u64::from(low)
+}
+
 /// `d` in nanoseconds, saturating (a u64 of nanoseconds lasts 584 years), without the 128-bit
 /// product of `Duration::as_nanos`.
 fn nanos(d: Duration) -> u64 {
@@ -1368,9 +1373,9 @@ impl MemoryStore {
             .map(|r| r.payload().to_vec())
     }
 
-    /// `key`'s hash, computed once, and its shard. The shard is picked by bits 32–35 of the
-    /// hash, which the shard's table leaves alone (it places a record by the low bits and tags
-    /// it with the top seven), so the records of one shard still spread over its whole table.
+    /// `key`'s table hash ([`table_hash`]), computed once, and its shard. The shard is picked by
+    /// bits 32–35 of the SipHash, which the table hash does not use (it is made of the low 32),
+    /// so the records of one shard still spread over its whole table.
     fn locate(&self, key: StoreKey<'_>) -> (u64, &Mutex<Shard>) {
         // The scope's bytes, then the key's: pairs that spell the same bytes, such as
         // `("ab", "c")` and `("a", "bc")`, share a hash and are told apart by the comparison
@@ -1379,7 +1384,10 @@ impl MemoryStore {
             .inner
             .hasher
             .hash(key.scope.as_bytes(), key.key.as_bytes());
-        (hash, &self.inner.shards[(hash >> 32) as usize % SHARDS])
+        (
+            table_hash(hash as u32),
+            &self.inner.shards[(hash >> 32) as usize % SHARDS],
+        )
     }
 
     /// Runs `f` on `key`'s shard with the time read once, then reports what it dropped.
@@ -2238,7 +2246,7 @@ mod tests {
                 scope: "s",
                 key: &key,
             };
-            let hash = keys.hash(b"s", key.as_bytes());
+            let hash = table_hash(keys.hash(b"s", key.as_bytes()) as u32);
             let at = 1_000 + i;
             let record = Record::claimed(hash, k, "t", None, at, 1_000_000 + i).unwrap();
             let heap = record.heap();
@@ -2351,28 +2359,5 @@ mod tests {
     #[test]
     fn a_record_is_one_cache_line() {
         assert_eq!((size_of::<Record>(), align_of::<Record>()), (64, 64));
-    }
-
-    #[tokio::test]
-    async fn a_scope_too_long_for_a_record_is_refused_in_words() {
-        let s = MemoryStore::new();
-        let longest = "s".repeat(usize::from(u16::MAX));
-        let key = StoreKey {
-            scope: &longest,
-            key: "k",
-        };
-        assert_eq!(claim(&s, key, "t"), Claim::Acquired);
-        s.complete(key, "t", b"r", LEASE).await.unwrap();
-        assert_eq!(claim(&s, key, "u"), Claim::Completed(b"r".to_vec()));
-        let longer = "s".repeat(usize::from(u16::MAX) + 1);
-        let key = StoreKey {
-            scope: &longer,
-            key: "k",
-        };
-        let Err(Error::Store(message)) = s.claim_now(key, "t", None, LEASE) else {
-            panic!("a scope of 65,536 bytes is refused");
-        };
-        assert!(message.contains("65535 bytes at most"), "{message}");
-        assert_eq!(s.len(), 1, "nothing of the refused claim is kept");
     }
 }
