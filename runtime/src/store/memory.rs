@@ -890,7 +890,8 @@ impl Shard {
         let expires = record.expires;
         self.heap += heap;
         let hash = table_hash(record.hash);
-        self.table.insert_unique(hash, record, |r| table_hash(r.hash));
+        self.table
+            .insert_unique(hash, record, |r| table_hash(r.hash));
         if moves {
             (self.pass_min, self.pass_left) = (NEVER, self.table.num_buckets());
         }
