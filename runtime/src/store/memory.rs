@@ -8,10 +8,10 @@
 //! [`MemoryStoreBuilder::max_bytes`]). The bytes counted are the store's own: its hash tables as
 //! allocated, each record's key, token and stored result as the allocator hands them out (one
 //! allocation a record), and the rings that order records by age, as allocated. A small job (a
-//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 270–290 bytes (`benches/
-//! memory_store.rs` counts 273, 290 and 274 at 10 thousand, 1 million and 10 million; more just
-//! after a table doubles), so the default bound holds about a million of them;
-//! [`MemoryStore::stats`] says what it holds now.
+//! 12-byte scope, a 20-byte key, a 58-byte result) costs about 245–275 bytes (`benches/
+//! memory_store.rs` counts 246, 273 and 247 at 10 thousand, 1 million and 10 million; more just
+//! after a table doubles), so the default bound holds about a million of them (1,261,200 in
+//! `benches/memory_store_run.rs`' steady state); [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records and released keys' histories
 //! (no result is forgotten with them), then gives up the **oldest completed records first**,
@@ -298,8 +298,9 @@ impl Order {
     /// `VecDeque` of its own would: at the bound a ring stays about as long as its shard has
     /// records, and with little room past its end the slot an append writes is one that an
     /// entry taken off the front left a few operations before, still in the cache, rather than
-    /// one out of it. (It also keeps the ring's share of the bound small: 245 bytes a record
-    /// counted at 10 thousand resident, 260 with doubling.)
+    /// one out of it. (It also keeps the ring's share of the bound small: 246 bytes a record
+    /// counted at 10 thousand resident, 260 with doubling; and a ring near the bound grows by
+    /// steps that still fit, where doubling would not.)
     fn growth(&self) -> usize {
         (self.ring.len() / 8).max(16)
     }
