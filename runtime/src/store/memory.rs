@@ -2359,6 +2359,47 @@ mod tests {
     }
 
     #[test]
+    fn an_order_grows_by_an_eighth_and_the_bound_counts_that_step() {
+        let mut order = Order::default();
+        let entry = |n: u64| Entry {
+            stamp: n,
+            hash: n,
+            expires: n,
+        };
+        let mut capacities = vec![];
+        for n in 0..2_000 {
+            if order.grows() {
+                let expected = order.ring.len() + order.growth();
+                order.push(entry(n));
+                assert_eq!(order.ring.capacity(), expected);
+                capacities.push(expected);
+            } else {
+                order.push(entry(n));
+            }
+        }
+        assert_eq!(&capacities[..4], &[16, 32, 48, 64]);
+        assert!(
+            capacities
+                .windows(2)
+                .all(|w| w[1] == w[0] + (w[0] / 8).max(16))
+        );
+        // A shard whose completion order is full fits an entry only with the step's bytes.
+        let mut shard = Shard::new();
+        shard.order = order;
+        while !shard.order.grows() {
+            shard.order.push(entry(0));
+        }
+        let step = shard.order.growth() * size_of::<Entry>();
+        let limits = |max_bytes| Limits {
+            max_bytes,
+            max_records: usize::MAX,
+            min_retention: 0,
+        };
+        assert!(shard.entry_fits(&limits(shard.bytes() + step), true));
+        assert!(!shard.entry_fits(&limits(shard.bytes() + step - 1), true));
+    }
+
+    #[test]
     fn a_record_is_one_cache_line() {
         assert_eq!((size_of::<Record>(), align_of::<Record>()), (64, 64));
     }
