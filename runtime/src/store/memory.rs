@@ -10,8 +10,9 @@
 //! allocation a record), and the rings that order records by age, as allocated. A small job (a
 //! 12-byte scope, a 20-byte key, a 58-byte result) costs about 245–275 bytes (`benches/
 //! memory_store.rs` counts 246, 273 and 247 at 10 thousand, 1 million and 10 million; more just
-//! after a table doubles), so the default bound holds about a million of them (1,261,200 in
-//! `benches/memory_store_run.rs`' steady state); [`MemoryStore::stats`] says what it holds now.
+//! after a table doubles), so the default bound holds about a million of them (1,261,200 of
+//! `benches/memory_store_run.rs`' smaller ones, about 213 bytes each); [`MemoryStore::stats`]
+//! says what it holds now.
 //!
 //! When a new record would not fit, the store drops expired records and released keys' histories
 //! (no result is forgotten with them), then gives up the **oldest completed records first**,
@@ -300,7 +301,9 @@ impl Order {
     /// entry taken off the front left a few operations before, still in the cache, rather than
     /// one out of it. (It also keeps the ring's share of the bound small: 246 bytes a record
     /// counted at 10 thousand resident, 260 with doubling; and a ring near the bound grows by
-    /// steps that still fit, where doubling would not.)
+    /// steps that still fit, where doubling would not.) The price is paid while a ring grows:
+    /// about nine times as many steps as doubling, each copying up to the whole ring (a wrapped
+    /// ring's front part) under its shard's lock, about as long a copy as doubling's last step.
     fn growth(&self) -> usize {
         (self.ring.len() / 8).max(16)
     }
@@ -1414,11 +1417,13 @@ impl MemoryStore {
             shard.expired += op.tally.expired;
         }
         drop(shard);
-        // Unlocked: the data of the record the operation took out is freed here, with `op`.
-        // Its last byte is read first (the value thrown away): `free` reads only the block's
-        // first line, and the allocator hands the block to the next allocation of its size (at
-        // the bound, the next completion's data), which writes it whole. Its other lines come
-        // in now, beside `free`'s miss, instead of holding up that writer's lock.
+        // Unlocked: the data of the record the operation took out is freed when `op` goes, at
+        // the end of this function. Its last byte is read first (the value thrown away): `free`
+        // reads only the block's first line, and glibc's per-thread cache hands the block to
+        // the next allocation of its size on this thread (at the bound, the next completion's
+        // data), which writes it whole. The last line comes in now, beside `free`'s miss,
+        // instead of holding up that writer's lock; a block of two lines (a small result, as
+        // most are) is then in the cache whole.
         if let Some(last) = op.tally.late.as_deref().and_then(<[u8]>::last) {
             std::hint::black_box(*last);
         }
@@ -2397,6 +2402,53 @@ mod tests {
         };
         assert!(shard.entry_fits(&limits(shard.bytes() + step), true));
         assert!(!shard.entry_fits(&limits(shard.bytes() + step - 1), true));
+    }
+
+    /// Each shard's bytes, checked against its share of the bound after every operation.
+    fn assert_within_bound(s: &MemoryStore) {
+        for shard in s.inner.shards.iter() {
+            let shard = lock(shard);
+            let limit = s.inner.limits.max_bytes;
+            assert!(shard.bytes() <= limit, "{} > {limit}", shard.bytes());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_rings_never_grow_past_the_bound_however_long_it_is_held() {
+        // Every claim at the bound gives up the oldest record; one key in three is released
+        // rather than completed (the released keys' ring).
+        let s = MemoryStore::builder()
+            .max_bytes(256 * 1024)
+            .min_retention(Duration::ZERO)
+            .build();
+        let mut capacities = vec![0; SHARDS];
+        for i in 0..60_000usize {
+            let key = format!("k{i}");
+            let k = StoreKey {
+                scope: "s",
+                key: &key,
+            };
+            assert_eq!(claim(&s, k, "t"), Claim::Acquired, "{key}");
+            assert_within_bound(&s);
+            if i % 3 == 0 {
+                s.release(k, "t").await.unwrap();
+            } else {
+                s.complete(k, "t", &[7; 100], Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+            }
+            assert_within_bound(&s);
+            if i == 30_000 {
+                for (shard, capacity) in s.inner.shards.iter().zip(&mut capacities) {
+                    *capacity = lock(shard).order.ring.capacity();
+                }
+            }
+        }
+        // Held at the bound, a ring gives up its oldest entries instead of growing.
+        for (shard, capacity) in s.inner.shards.iter().zip(&capacities) {
+            assert_eq!(lock(shard).order.ring.capacity(), *capacity);
+        }
+        assert!(s.stats().evicted > 0, "{:?}", s.stats());
     }
 
     #[test]
