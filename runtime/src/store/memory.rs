@@ -304,8 +304,9 @@ impl Order {
     /// counted at 10 thousand resident, 260 with doubling; and a ring near the bound grows by
     /// steps that still fit, where doubling would not.) The price is paid while a ring grows:
     /// about six steps for each doubling's one (from empty, 2.4 times as many at 625 entries,
-    /// about 4 times at 80,000), each copying up to the whole ring (a wrapped ring's front
-    /// part) under its shard's lock: at most as long a copy as doubling's last step.
+    /// about 4 times at 80,000), each under its shard's lock, and each may copy the ring once
+    /// to move it and most of it again (a wrapped ring's front part, when the step is too short
+    /// to take its back part), where doubling's one step copies at most half of it again.
     fn growth(&self) -> usize {
         (self.ring.len() / 8).max(16)
     }

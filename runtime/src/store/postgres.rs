@@ -1244,8 +1244,8 @@ async fn read_in(
         return Ok(Seen::Gone);
     };
     let get = |i| row.try_get::<bool, _>(i).map_err(fail);
-    let (expired, reused, completed) = (get(0)?, get(1)?, get(2)?);
-    if expired {
+    let (free, reused, completed) = (get(0)?, get(1)?, get(2)?);
+    if free {
         return Ok(Seen::Free);
     }
     if get(4)? {
