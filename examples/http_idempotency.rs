@@ -68,6 +68,9 @@ pub fn app<S: Store + 'static>(store: S, latency: Duration) -> Router {
         .route("/charge/{order_id}", post(charge))
         .with_state(gateway)
         .layer(
+            // Keys are kept per caller, by the request's `Authorization` header; behind an
+            // auth layer, `.scope(..)` names the principal instead. The curl session below sends
+            // none, so it is the one anonymous caller, and the layer warns about that once.
             IdempotencyLayer::new(store)
                 .required(true)
                 .ttl(Duration::from_secs(24 * 3600))

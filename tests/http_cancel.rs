@@ -35,7 +35,10 @@ async fn within<F: Future>(what: &str, future: F) -> F::Output {
 
 /// The layer's key in the store for `Idempotency-Key: key`: its default scope, the key.
 fn store_key(key: &str) -> StoreKey<'_> {
-    StoreKey { scope: "http", key }
+    StoreKey {
+        scope: "http-anonymous",
+        key,
+    }
 }
 
 /// Sends `POST path` with `Idempotency-Key: key` and an empty body on a raw socket, and returns

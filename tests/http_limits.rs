@@ -108,7 +108,7 @@ async fn a_claim_the_store_refuses_raises_claim_failed_once() {
     let runtime = Runtime::builder()
         .observer(move |e: &Event<'_>| {
             if let Event::ClaimFailed { scope, key, error } = e {
-                assert_eq!((*scope, *key), ("http", "k"));
+                assert_eq!((*scope, *key), ("http-anonymous", "k"));
                 assert!(matches!(error, Error::Store(_)), "{error:?}");
                 seen.fetch_add(1, Ordering::SeqCst);
             }

@@ -27,7 +27,7 @@ async fn server_errors_408_and_429_are_not_stored_and_the_claim_is_released() {
         assert_eq!(handler.runs(), 2, "{status}: the claim was released");
         assert_eq!(
             store.completed(StoreKey {
-                scope: "http",
+                scope: "http-anonymous",
                 key: "k"
             }),
             None,

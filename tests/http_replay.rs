@@ -32,7 +32,7 @@ async fn first_request_runs_and_its_response_is_stored() {
     );
     assert_eq!(handler.runs(), 1);
     let key = StoreKey {
-        scope: "http",
+        scope: "http-anonymous",
         key: "idem-1",
     };
     assert!(

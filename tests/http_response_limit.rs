@@ -37,13 +37,13 @@ async fn a_response_over_the_storage_limit_passes_through_unstored() {
     assert!(reply.body.iter().all(|b| *b == b'x'));
     assert_eq!(
         store.completed(StoreKey {
-            scope: "http",
+            scope: "http-anonymous",
             key: "big"
         }),
         None,
         "not stored"
     );
-    assert_eq!(*events.lock().unwrap(), ["http:big"]);
+    assert_eq!(*events.lock().unwrap(), ["http-anonymous:big"]);
 
     let again = client.charge("big").await;
     assert!(!again.replayed());

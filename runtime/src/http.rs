@@ -49,8 +49,65 @@
 //! `Idempotency-Key` is a structured-field string (`"8e03978e-40d5"`, as the draft writes it) or a
 //! bare token (`8e03978e-40d5`, as Stripe's clients send it), of 1 to 255 printable ASCII
 //! characters. An empty value, a longer one, non-ASCII bytes, two headers, or a list of keys is a
-//! `400` that names the fault. Keys live in the store under the scope `http`, or `http.<scope>`
-//! with [`scope`](IdempotencyLayer::scope), so two principals' equal keys never meet.
+//! `400` that names the fault.
+//!
+//! # Whose key it is
+//!
+//! A key belongs to its caller. Two clients of one API may well pick the same key (`order-1`, a
+//! counter, a UUID from a shared library with a fixed seed); if they met, the second would get a
+//! `422`, or, with a byte-identical request, the *first client's* stored response: another
+//! customer's charge replayed to someone else. So keys are kept per caller, as Stripe keeps them
+//! per account and the IETF draft expects them unique per client. Which caller a request comes
+//! from is decided, in this order, by:
+//!
+//! * [`scope`](IdempotencyLayer::scope)`(fn(&Parts) -> String)`: your own name for the caller,
+//!   usually the authenticated principal your auth layer put in the request's extensions. Use it
+//!   whenever you have one: a caller whose token is refreshed, or who holds two tokens, keeps its
+//!   keys. Keys live under the store scope `http.<name>`.
+//! * [`shared_keys`](IdempotencyLayer::shared_keys)`()`: one namespace, `http`, for every caller,
+//!   chosen explicitly (a service with a single trusted caller, or one that puts the tenant in
+//!   the key itself).
+//! * Otherwise, the default: the request's **credentials**, its `Authorization` header and, with
+//!   [`credential_cookie`](IdempotencyLayer::credential_cookie)`(name)`, the value of that cookie
+//!   (a session cookie). Keys live under `http-caller.<digest>`, where the digest is the first
+//!   128 bits of a SHA-256 of those values, in hex: the raw credential is never written to the
+//!   store, nor to a log or an [`Event`]. A new token is a new caller: a client that retries with
+//!   a refreshed token runs its request again, unless `scope` maps both tokens to one principal.
+//!   The digest is unsalted, so it hides a high-entropy token (a bearer token, an API key, a
+//!   session id) from whoever reads the store, but not a guessable password sent with HTTP Basic
+//!   auth: map such callers to their user id with `scope`.
+//! * A request with neither credentials nor a `scope` (a public endpoint) is still guarded, under
+//!   the one scope `http-anonymous` shared by every anonymous caller; the layer logs that once, as
+//!   a warning, on the first such request. That is right when anonymous callers' requests carry
+//!   nothing private (a public sign-up form whose key the browser generates at random); it is not
+//!   when the response holds one caller's data: there, require credentials or name the caller
+//!   with `scope`.
+//!
+//! ```
+//! use axum::{Extension, Router, routing::post};
+//! use jobguard::http::IdempotencyLayer;
+//!
+//! /// What the service's auth middleware puts in the request's extensions.
+//! #[derive(Clone)]
+//! struct Principal(String);
+//!
+//! fn principal(parts: &http::request::Parts) -> String {
+//!     // Present on every request the auth layer let through; an empty name would be one
+//!     // namespace for all, so name the case that cannot happen.
+//!     parts.extensions.get::<Principal>().map_or_else(|| "unauthenticated".into(), |p| p.0.clone())
+//! }
+//!
+//! async fn charge(Extension(who): Extension<Principal>) -> String {
+//!     format!("charged for {}", who.0)
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/charge", post(charge))
+//!     // Inside the auth layer, so that the principal is there when the scope is read.
+//!     .layer(IdempotencyLayer::new(jobguard::MemoryStore::new()).scope(principal));
+//! // .layer(your_auth_layer) comes after this line: it runs first.
+//! # drop(app);
+//! ```
 //!
 //! # What is stored
 //!
@@ -118,7 +175,7 @@
 
 use crate::Error;
 use crate::idempotency::{new_token, release};
-use crate::observe::{Event, log_error};
+use crate::observe::{Event, log_error, log_warn};
 use crate::runtime::{Current, Runtime};
 use crate::store::{Claim, Store, StoreKey};
 use ::http::request::Parts;
@@ -158,6 +215,17 @@ pub type RequestBody<B> = Either<B, Full<Bytes>>;
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 
+/// Whose keys a request's keys are: see [whose key it is](self#whose-key-it-is).
+#[derive(Clone)]
+enum Owner {
+    /// The request's credentials (the default).
+    Credentials,
+    /// The service's own name for the caller: [`IdempotencyLayer::scope`].
+    Named(Arc<ScopeFn>),
+    /// One namespace for every caller: [`IdempotencyLayer::shared_keys`].
+    Shared,
+}
+
 /// A tower [`Layer`] that honours the `Idempotency-Key` header on a [`Store`]. See the
 /// [module documentation](self) for the behaviour.
 #[derive(Clone)]
@@ -171,7 +239,11 @@ struct Config {
     store: Arc<dyn Store>,
     required: bool,
     methods: Vec<Method>,
-    scope: Option<Arc<ScopeFn>>,
+    owner: Owner,
+    /// The cookie that carries a session credential, digested with `Authorization`.
+    credential_cookie: Option<HeaderValue>,
+    /// Set once the layer warned that anonymous callers share their keys.
+    warned_anonymous: Arc<AtomicBool>,
     ttl: Duration,
     lease: Duration,
     max_body: usize,
@@ -184,7 +256,15 @@ impl fmt::Debug for IdempotencyLayer {
         f.debug_struct("IdempotencyLayer")
             .field("required", &c.required)
             .field("methods", &c.methods)
-            .field("scoped", &c.scope.is_some())
+            .field(
+                "owner",
+                &match c.owner {
+                    Owner::Credentials => "credentials",
+                    Owner::Named(_) => "scope",
+                    Owner::Shared => "shared",
+                },
+            )
+            .field("credential_cookie", &c.credential_cookie)
             .field("ttl", &c.ttl)
             .field("lease", &c.lease)
             .field("max_body", &c.max_body)
@@ -195,15 +275,18 @@ impl fmt::Debug for IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer on `store` (a [`MemoryStore`](crate::MemoryStore) for one process, a shared store
-    /// such as `RedisStore` for several): keys optional, `POST` and `PATCH` guarded, 24 h TTL,
-    /// 30 s lease, 1 MiB limits.
+    /// such as `RedisStore` for several): keys optional, `POST` and `PATCH` guarded, keys kept
+    /// per caller by the request's `Authorization` header (see
+    /// [whose key it is](self#whose-key-it-is)), 24 h TTL, 30 s lease, 1 MiB limits.
     pub fn new<S: Store + 'static>(store: S) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
                 store: Arc::new(store),
                 required: false,
                 methods: vec![Method::POST, Method::PATCH],
-                scope: None,
+                owner: Owner::Credentials,
+                credential_cookie: None,
+                warned_anonymous: Arc::new(AtomicBool::new(false)),
                 ttl: crate::idempotency::DEFAULT_TTL,
                 lease: crate::idempotency::DEFAULT_LEASE,
                 max_body: DEFAULT_MAX_BODY,
@@ -230,7 +313,10 @@ impl IdempotencyLayer {
     }
 
     /// Names the key's owner, such as the authenticated principal, from the request head: keys
-    /// are scoped by it, so two tenants' equal keys never meet.
+    /// are kept per owner (under the store scope `http.<owner>`), so two callers' equal keys
+    /// never meet, and one caller keeps its keys across a change of token. It replaces the
+    /// default, the request's credentials; see [whose key it is](self#whose-key-it-is), which
+    /// also shows the principal read from the extensions an axum auth layer set.
     ///
     /// ```
     /// use jobguard::http::IdempotencyLayer;
@@ -245,7 +331,46 @@ impl IdempotencyLayer {
     where
         F: Fn(&Parts) -> String + Send + Sync + 'static,
     {
-        self.config().scope = Some(Arc::new(scope));
+        self.config().owner = Owner::Named(Arc::new(scope));
+        self
+    }
+
+    /// Keeps every caller's keys in one namespace (the store scope `http`): a key sent by one
+    /// client is the same key when another sends it, and the second is replayed the first's
+    /// response. Only for a service whose callers are one party, or whose keys carry the caller
+    /// already; see [whose key it is](self#whose-key-it-is). It replaces [`scope`](Self::scope)
+    /// and the default.
+    pub fn shared_keys(mut self) -> Self {
+        self.config().owner = Owner::Shared;
+        self
+    }
+
+    /// Counts the cookie `name` (a session cookie) as a credential, beside the `Authorization`
+    /// header, in the default per-caller scope: two browsers with different sessions keep
+    /// apart, and other cookies (a tracking id, a CSRF token) do not change whose key it is. The
+    /// cookie's value is digested like the header, never stored.
+    ///
+    /// ```
+    /// use jobguard::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(jobguard::MemoryStore::new()).credential_cookie("session");
+    /// # drop(layer);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid cookie name (empty, or with a space, `=`, `;` or a non-ASCII
+    /// character): a mistake in the service's code, found where the layer is built.
+    pub fn credential_cookie(mut self, name: &str) -> Self {
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+        assert!(
+            valid,
+            "jobguard: credential_cookie({name:?}) is not a cookie name: use letters, digits and `-_.!#$%&'*+^`|~`"
+        );
+        self.config().credential_cookie = HeaderValue::from_str(name).ok();
         self
     }
 
@@ -376,7 +501,7 @@ where
     };
 
     let fingerprint = Fingerprint::of(&parts, &body);
-    let scope = store_scope(config.scope.as_deref(), &parts);
+    let scope = store_scope(&config, &parts);
     let request = Request::from_parts(parts, Either::Right(Full::new(body)));
     // From the claim on, the request runs to its end: the server dropping this future (the
     // client hung up) hands it to a task, which runs the handler, stores its response and holds
@@ -885,12 +1010,17 @@ fn parse_token(text: &str) -> Result<String, KeyFault> {
     Ok(text.to_owned())
 }
 
-/// The store scope: `http`, or `http.<scope>` with `:` and `%` percent-encoded (a store scope
-/// never contains `:`).
-fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> Cow<'static, str> {
-    match scope {
-        None => Cow::Borrowed("http"),
-        Some(scope) => {
+/// The store scope of a request's keys (a store scope never contains `:`):
+/// * `http.<owner>` with [`scope`](IdempotencyLayer::scope), `:` and `%` percent-encoded;
+/// * `http` with [`shared_keys`](IdempotencyLayer::shared_keys);
+/// * `http-caller.<digest>` by default, for a request with credentials;
+/// * `http-anonymous` by default, for a request without.
+///
+/// No owner a service names can be written like the last two, which start `http-`.
+fn store_scope(config: &Config, parts: &Parts) -> Cow<'static, str> {
+    match &config.owner {
+        Owner::Shared => Cow::Borrowed("http"),
+        Owner::Named(scope) => {
             let owner = scope(parts);
             let mut out = String::with_capacity(5 + owner.len());
             out.push_str("http.");
@@ -903,7 +1033,71 @@ fn store_scope(scope: Option<&ScopeFn>, parts: &Parts) -> Cow<'static, str> {
             }
             Cow::Owned(out)
         }
+        Owner::Credentials => match credentials_digest(parts, config.credential_cookie.as_ref()) {
+            Some(digest) => Cow::Owned(format!("http-caller.{digest}")),
+            None => {
+                if !config.warned_anonymous.swap(true, Ordering::Relaxed) {
+                    log_warn(format_args!(
+                        "jobguard: a request with an Idempotency-Key came without credentials{}: keys of anonymous callers share one scope, `http-anonymous`, so one anonymous client can be replayed another's response; that is safe only if such responses hold nothing private. Name the caller with IdempotencyLayer::scope, or require credentials (this is said once per layer)",
+                        match &config.credential_cookie {
+                            Some(name) => format!(
+                                " (no Authorization header, no `{}` cookie)",
+                                String::from_utf8_lossy(name.as_bytes())
+                            ),
+                            None => " (no Authorization header)".to_owned(),
+                        }
+                    ));
+                }
+                Cow::Borrowed("http-anonymous")
+            }
+        },
     }
+}
+
+/// The first 128 bits of a SHA-256 over the request's credentials, in hex: every `Authorization`
+/// header in order, then the named cookie's value, each behind a tag and its length so that no
+/// two sets of values hash alike. `None` when the request carries neither.
+fn credentials_digest(parts: &Parts, cookie: Option<&HeaderValue>) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new().chain_update(b"jobguard http credentials v1");
+    let mut any = false;
+    let mut add = |tag: &[u8], value: &[u8]| {
+        any = true;
+        hash.update(tag);
+        hash.update((value.len() as u64).to_be_bytes());
+        hash.update(value);
+    };
+    for value in parts.headers.get_all(header::AUTHORIZATION) {
+        add(b"A", value.as_bytes());
+    }
+    if let Some(name) = cookie {
+        for value in cookie_values(&parts.headers, name.as_bytes()) {
+            add(b"C", value);
+        }
+    }
+    if !any {
+        return None;
+    }
+    let digest = hash.finalize();
+    let mut out = String::with_capacity(32);
+    for b in &digest[..16] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    Some(out)
+}
+
+/// The values of the cookie `name` in the request's `Cookie` headers (RFC 6265: `a=1; b=2`),
+/// quotes included as sent.
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+        .filter_map(move |pair| {
+            let pair = pair.trim_ascii();
+            let at = pair.iter().position(|&b| b == b'=')?;
+            (pair[..at].trim_ascii() == name).then(|| pair[at + 1..].trim_ascii())
+        })
 }
 
 /// SHA-256 over the method, the path and query, and the body, in hex. Method and target cannot
@@ -1342,6 +1536,69 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_bytes(value).unwrap());
         parse_key(&headers)
+    }
+
+    fn head(headers: &[(&str, &str)]) -> Parts {
+        let mut request = Request::post("/charge");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_caller_is_its_credentials_digested() {
+        let session = HeaderValue::from_static("session");
+        let digest = |headers: &[(&str, &str)]| credentials_digest(&head(headers), Some(&session));
+        let alice = digest(&[("authorization", "Bearer alice-secret-token")]).unwrap();
+        assert_eq!(alice.len(), 32);
+        assert!(alice.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!alice.contains("alice"));
+        assert_eq!(
+            digest(&[("authorization", "Bearer alice-secret-token")]),
+            Some(alice.clone()),
+            "stable"
+        );
+        assert_ne!(
+            digest(&[("authorization", "Bearer bob")]),
+            Some(alice.clone())
+        );
+        assert_eq!(digest(&[]), None);
+        assert_eq!(
+            digest(&[("cookie", "theme=dark; csrf=1")]),
+            None,
+            "other cookies"
+        );
+        // The session cookie, wherever it stands, and not the cookies around it.
+        let s1 = digest(&[("cookie", "theme=dark; session=s1; csrf=9")]).unwrap();
+        assert_eq!(digest(&[("cookie", "session=s1")]), Some(s1.clone()));
+        assert_eq!(
+            digest(&[("cookie", "csrf=2"), ("cookie", " session = s1 ")]),
+            Some(s1.clone())
+        );
+        assert_ne!(digest(&[("cookie", "session=s2")]), Some(s1.clone()));
+        assert_ne!(digest(&[("cookie", "xsession=s1")]), Some(s1.clone()));
+        // A cookie's value is not a header's: the two are told apart.
+        assert_ne!(digest(&[("authorization", "s1")]), Some(s1));
+    }
+
+    #[test]
+    fn scopes_by_owner() {
+        let layer = IdempotencyLayer::new(crate::MemoryStore::new());
+        let bearer = head(&[("authorization", "Bearer t")]);
+        let scope = store_scope(&layer.config, &bearer);
+        assert!(scope.starts_with("http-caller."), "{scope}");
+        assert_eq!(store_scope(&layer.config, &head(&[])), "http-anonymous");
+        let shared = layer.clone().shared_keys();
+        assert_eq!(store_scope(&shared.config, &bearer), "http");
+        let named = layer.scope(|_: &Parts| "acme:eu%".to_owned());
+        assert_eq!(store_scope(&named.config, &bearer), "http.acme%3Aeu%25");
+    }
+
+    #[test]
+    #[should_panic(expected = "is not a cookie name")]
+    fn a_cookie_name_is_checked_where_the_layer_is_built() {
+        let _ = IdempotencyLayer::new(crate::MemoryStore::new()).credential_cookie("my session");
     }
 
     #[test]
