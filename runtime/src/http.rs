@@ -128,6 +128,21 @@
 //! handler runs. A handler that panics releases it, and the panic reaches the server as if the
 //! layer were not there.
 //!
+//! # A server that dies
+//!
+//! A request holds its key in a claim session, as a job does
+//! ([`idempotency`](crate::idempotency#crashes-and-poison-jobs)): the handler reads the claim's
+//! generation with [`jobguard::fence()`](crate::fence) (a number that grows with each claim of
+//! the key, for a downstream that refuses writes from an older one), and a claim whose lease
+//! lapsed because its server died (or stalled past the lease) mid-request is taken over by the
+//! next repeat and counted. The repeat that finds [`crashes`](IdempotencyLayer::crashes) of them
+//! (3 by default) is answered `500` with a problem document of type
+//! `tag:jobguard,2026:idempotency-key/poisoned`, at once and without running the handler, and
+//! so is every later repeat until the key's TTL ends: a request that kills its server runs at
+//! most that many times, instead of taking down every server its client retries on. The first
+//! such answer logs the key at error level; an operator who fixed the cause runs the request
+//! again by [forgiving](crate::Store::forgive) the key.
+//!
 //! # A client that hangs up
 //!
 //! From the claim on, a request runs to its end: the claim, the handler, and the buffering and
@@ -174,10 +189,10 @@
 //! document that their first byte waits for the whole response.
 
 use crate::Error;
-use crate::idempotency::{new_token, release};
+use crate::claim::{Session, Work};
 use crate::observe::{Event, log_error, log_warn};
 use crate::runtime::{Current, Runtime};
-use crate::store::{Claim, Store, StoreKey};
+use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Store, StoreKey};
 use ::http::request::Parts;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
@@ -186,7 +201,7 @@ use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
@@ -244,6 +259,7 @@ struct Config {
     credential_cookie: Option<HeaderValue>,
     /// Set once the layer warned that anonymous callers share their keys.
     warned_anonymous: Arc<AtomicBool>,
+    crashes: u32,
     ttl: Duration,
     lease: Duration,
     max_body: usize,
@@ -287,6 +303,7 @@ impl IdempotencyLayer {
                 owner: Owner::Credentials,
                 credential_cookie: None,
                 warned_anonymous: Arc::new(AtomicBool::new(false)),
+                crashes: DEFAULT_CRASHES,
                 ttl: crate::idempotency::DEFAULT_TTL,
                 lease: crate::idempotency::DEFAULT_LEASE,
                 max_body: DEFAULT_MAX_BODY,
@@ -371,6 +388,17 @@ impl IdempotencyLayer {
             "jobguard: credential_cookie({name:?}) is not a cookie name: use letters, digits and `-_.!#$%&'*+^`|~`"
         );
         self.config().credential_cookie = HeaderValue::from_str(name).ok();
+        self
+    }
+
+    /// The crash limit (default 3): a key whose claims were abandoned this many times (the
+    /// server died, or stalled past the lease, while answering it) is refused with a `500`
+    /// problem document (type `…/idempotency-key/poisoned`) instead of running the handler
+    /// again, until the key's TTL ends or it is forgiven ([`Store::forgive`]). A request that
+    /// kills its server thus runs at most this many times. `0` never refuses. See
+    /// [a server that dies](self#a-server-that-dies).
+    pub fn crashes(mut self, crashes: u32) -> Self {
+        self.config().crashes = crashes;
         self
     }
 
@@ -509,7 +537,9 @@ where
     Detach::new(guard(config, inner, request, scope, key, fingerprint)).await
 }
 
-/// Claims the key, then runs the handler and stores its response (or releases the claim).
+/// Claims the key, then runs the handler and stores its response (or releases the claim), in a
+/// [claim session](crate::claim) like a job's: the handler reads the claim's
+/// [`fence()`](crate::fence), and the claims of servers that died mid-request are counted.
 async fn guard<S, B, ResBody>(
     config: Arc<Config>,
     mut inner: S,
@@ -523,26 +553,41 @@ where
     ResBody: Body<Data = Bytes> + Unpin,
     ResBody::Error: Into<BoxError>,
 {
-    let held = Held {
-        runtime: Current::get(),
-        scope,
-        key,
-        token: new_token(),
-        armed: AtomicBool::new(false),
-        config,
+    let config = &*config;
+    let key = StoreKey {
+        scope: &scope,
+        key: &key,
     };
-    let (config, key, token) = (&*held.config, held.store_key(), &*held.token);
-    let observe = crate::idempotency::lease_lost_once(|event| held.runtime.emit(event));
-    match config
-        .store
-        .claim(key, token, Some(fingerprint.as_str()), config.lease)
-        .await
-    {
-        Ok(Claim::Acquired) => held.armed.store(true, Ordering::Relaxed),
-        Ok(Claim::Completed(record)) => {
+    let session = Session::new(
+        config.store.clone(),
+        Current::get().to_owned(),
+        key.scope,
+        key,
+        config.lease,
+        Work::Request,
+    );
+    let options = ClaimOptions::new(config.lease)
+        .fingerprint(Some(fingerprint.as_str()))
+        .ttl(config.ttl)
+        .crashes(config.crashes);
+    let generation = match session.claim(options).await {
+        Ok(Claimed::Acquired {
+            generation,
+            crashes,
+        }) => {
+            if crashes > 0 {
+                log_warn(format_args!(
+                    "jobguard: request {}:{} runs with {crashes} crash(es) counted, of servers \
+                     that died answering it (refused at {})",
+                    key.scope, key.key, config.crashes
+                ));
+            }
+            generation
+        }
+        Ok(Claimed::Completed(record)) => {
             return Ok(match decode(&record) {
                 Ok(stored) => {
-                    observe(Event::Replayed {
+                    session.emit(Event::Replayed {
                         scope: key.scope,
                         key: key.key,
                     });
@@ -557,64 +602,59 @@ where
                 }
             });
         }
-        Ok(Claim::InProgress { retry_in }) => {
-            observe(Event::InProgress {
+        Ok(Claimed::InProgress { retry_in }) => {
+            session.emit(Event::InProgress {
                 scope: key.scope,
                 key: key.key,
                 retry_in,
             });
             return Ok(Problem::InProgress.response());
         }
-        Ok(Claim::KeyReused) => return Ok(Problem::KeyReused.response()),
-        Err(e) => {
-            observe(Event::ClaimFailed {
-                scope: key.scope,
-                key: key.key,
-                error: &e,
-            });
-            return Ok(Problem::StoreDown(e).response());
+        Ok(Claimed::KeyReused) => return Ok(Problem::KeyReused.response()),
+        Ok(Claimed::Poisoned { crashes, first }) => {
+            if first {
+                log_error(format_args!(
+                    "jobguard: request {}:{} refused for good: the server died {crashes} times \
+                     answering it; a repeat with this key is answered 500 until the key's TTL \
+                     ends (forgive the key to run it again)",
+                    key.scope, key.key
+                ));
+            }
+            return Ok(Problem::Poisoned(crashes).response());
         }
-    }
-    observe(Event::Claimed {
-        scope: key.scope,
-        key: key.key,
-    });
-
-    let outcome = heartbeat(config, key, token, &observe, async {
-        let response = inner.call(request).await?;
-        if !storable(response.status()) {
-            return Ok(Outcome::NotStorable(response));
-        }
-        let (head, body) = response.into_parts();
-        Ok(match buffer(body, config.max_response).await {
-            Buffered::Complete(bytes) => Outcome::Complete(head, bytes),
-            Buffered::Partial(body) => Outcome::TooLarge(Response::from_parts(head, body)),
-        })
-    })
-    .await;
-
-    let release = async || {
-        release(&*config.store, key, token).await;
-        observe(Event::Released {
-            scope: key.scope,
-            key: key.key,
-        });
+        Err(e) => return Ok(Problem::StoreDown(e).response()),
     };
-    let answer = match outcome {
+
+    let held = session.hold(generation);
+    let outcome = held
+        .run(async {
+            let response = inner.call(request).await?;
+            if !storable(response.status()) {
+                return Ok(Outcome::NotStorable(response));
+            }
+            let (head, body) = response.into_parts();
+            Ok(match buffer(body, config.max_response).await {
+                Buffered::Complete(bytes) => Outcome::Complete(head, bytes),
+                Buffered::Partial(body) => Outcome::TooLarge(Response::from_parts(head, body)),
+            })
+        })
+        .await;
+
+    match outcome {
         Err(error) => {
-            release().await;
+            held.release().await;
             Err(error)
         }
         Ok(Outcome::NotStorable(response)) => {
-            release().await;
+            held.release().await;
             pass(Ok(response))
         }
         Ok(Outcome::TooLarge(response)) => {
-            release().await;
-            observe(Event::StoreFailed {
+            held.session().emit(Event::StoreFailed {
                 scope: key.scope,
                 key: key.key,
             });
+            held.release().await;
             #[cfg(feature = "tracing")]
             ::tracing::warn!(
                 target: "jobguard",
@@ -627,12 +667,12 @@ where
         }
         Ok(Outcome::Complete(head, body)) => {
             let record = encode(head.status, &head.headers, &body);
-            store_record(config, key, token, &record, &observe).await;
+            // The handler's response goes to the client whatever happens here: its side effect
+            // took place. A write that failed is raised and logged by the session.
+            let _ = held.complete(&record, config.ttl).await;
             Ok(Response::from_parts(head, ResponseBody::full(body)))
         }
-    };
-    held.armed.store(false, Ordering::Relaxed);
-    answer
+    }
 }
 
 /// The claimed part of a request (claim, handler, storing), polled in place like any future, and
@@ -744,126 +784,6 @@ pub fn storable(status: StatusCode) -> bool {
 
 fn pass<B, E>(result: Result<Response<B>, E>) -> Result<Response<ResponseBody<B>>, E> {
     result.map(|response| response.map(ResponseBody::stream))
-}
-
-/// Runs `work`, renewing the lease every third of it.
-async fn heartbeat<T>(
-    config: &Config,
-    key: StoreKey<'_>,
-    token: &str,
-    observe: &impl Fn(Event<'_>),
-    work: impl Future<Output = T>,
-) -> T {
-    let mut work = pin!(work);
-    // A handler that answers at once needs no timer.
-    tokio::select! {
-        biased;
-        done = &mut work => return done,
-        () = std::future::ready(()) => {}
-    }
-    let every = config.lease / 3;
-    let mut lost = false;
-    loop {
-        tokio::select! {
-            biased;
-            done = &mut work => return done,
-            _ = tokio::time::sleep(every), if !lost => {
-                match config.store.renew(key, token, config.lease).await {
-                    Ok(()) => {}
-                    Err(Error::LeaseLost) => {
-                        lost = true;
-                        observe(Event::LeaseLost { scope: key.scope, key: key.key });
-                        log_error(format_args!("jobguard: lease on {}:{} lost while the request ran; a repeat may run it too", key.scope, key.key));
-                    }
-                    // A store error: the lease still runs; try again next beat.
-                    Err(_) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Stores the record, retrying the write a few times. The handler's response goes to the client
-/// whatever happens here: its side effect took place.
-async fn store_record(
-    config: &Config,
-    key: StoreKey<'_>,
-    token: &str,
-    record: &[u8],
-    observe: &impl Fn(Event<'_>),
-) {
-    let mut pause = Duration::from_millis(50);
-    for attempt in 1..=4 {
-        match config.store.complete(key, token, record, config.ttl).await {
-            Ok(()) => return,
-            Err(Error::LeaseLost) => {
-                observe(Event::LeaseLost {
-                    scope: key.scope,
-                    key: key.key,
-                });
-                log_error(format_args!(
-                    "jobguard: request {}:{} was answered but its lease was lost before the response was stored; a repeat may have run it too",
-                    key.scope, key.key
-                ));
-                return;
-            }
-            Err(e) if attempt == 4 => {
-                observe(Event::StoreFailed {
-                    scope: key.scope,
-                    key: key.key,
-                });
-                log_error(format_args!(
-                    "jobguard: request {}:{} was answered but its response could not be stored ({e}); a repeat after the lease lapses runs it again",
-                    key.scope, key.key
-                ));
-            }
-            Err(_) => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-            }
-        }
-    }
-}
-
-/// The key this request claims, with what releasing it needs, owned: a request dropped while it
-/// holds the claim releases it from `drop` (or, outside a tokio runtime, leaves it to lapse).
-/// That is a handler that panicked, a task ended by its runtime's shutdown, or a request polled
-/// outside a tokio runtime and cancelled; on a runtime, the server cancelling a request does not
-/// reach here, since the claimed part runs in a task of its own (see [`Detach`]).
-struct Held {
-    config: Arc<Config>,
-    runtime: Current,
-    scope: Cow<'static, str>,
-    key: String,
-    token: String,
-    /// Set while this request holds the claim and nothing else will release it.
-    armed: AtomicBool,
-}
-
-impl Held {
-    fn store_key(&self) -> StoreKey<'_> {
-        StoreKey {
-            scope: &self.scope,
-            key: &self.key,
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if !self.armed.load(Ordering::Relaxed) {
-            return;
-        }
-        let scope = std::mem::take(&mut self.scope).into_owned();
-        crate::idempotency::release_dropped(
-            self.config.store.clone(),
-            self.runtime.to_owned(),
-            scope.clone(),
-            scope,
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.token),
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1421,6 +1341,7 @@ enum Problem {
     KeyReused,
     StoreDown(Error),
     Corrupt,
+    Poisoned(u32),
 }
 
 impl Problem {
@@ -1492,6 +1413,17 @@ impl Problem {
                 "A response is stored for this Idempotency-Key but cannot be read back. The \
                  request was not processed again; contact the operator of this service."
                     .to_owned(),
+            ),
+            Problem::Poisoned(crashes) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "poisoned",
+                "Requests with this Idempotency-Key crashed the server",
+                format!(
+                    "The server stopped {crashes} times while processing a request with this \
+                     key, so it is not processed again with this key. Do not repeat it; \
+                     contact the operator of this service, who can find the key in the \
+                     server's log."
+                ),
             ),
         };
         #[derive(serde::Serialize)]

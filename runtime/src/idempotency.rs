@@ -68,12 +68,12 @@
 //! closure that only enqueues the job for a runner must call [`forgive`] first, or the runner's
 //! delivery is refused. Outside a redrive, a poisoned key is never forgiven on its own.
 
-use crate::attempt::{Fenced, FirstAttempt};
+use crate::attempt::FirstAttempt;
 use crate::bounds::{FromJobguard, Replayable};
+use crate::claim::{Held, Session, Work};
 use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error, log_warn};
 use crate::record::{DeadLetter, GiveUp};
-pub(crate) use crate::store::record::new_token;
 use crate::store::record::{decode, encode_replayable, encode_unreplayable, key_reused, settled};
 use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Store, StoreKey};
 use crate::{Error, Runtime};
@@ -81,7 +81,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::borrow::Cow;
 use std::future::Future;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -234,8 +233,7 @@ impl<'a> Idempotent<'a> {
             scope: &self.scope,
             key: self.key,
         };
-        let observe = lease_lost_once(|event| runtime.emit(event));
-        let token = new_token();
+        let session = Session::new(store, runtime, self.name, key, self.lease, Work::Job);
         let options = ClaimOptions::new(self.lease)
             .fingerprint(self.fingerprint.as_deref())
             .ttl(self.ttl)
@@ -248,21 +246,7 @@ impl<'a> Idempotent<'a> {
         // A redrive forgives a poisoned key once: a key poisoned again is refused.
         let mut forgiven = false;
         let generation = loop {
-            // The key could not be claimed (nor, in a redrive, forgiven): the call fails closed.
-            let failed = |error: Error| {
-                let error = error.at_key(key.scope, key.key);
-                observe(Event::ClaimFailed {
-                    scope: self.name,
-                    key: key.key,
-                    error: &error,
-                });
-                E::from(error)
-            };
-            let claimed = store
-                .claim_with(key, &token, options)
-                .await
-                .map_err(failed)?;
-            match claimed {
+            match session.claim(options).await.map_err(E::from)? {
                 Claimed::Acquired {
                     generation,
                     crashes,
@@ -280,7 +264,7 @@ impl<'a> Idempotent<'a> {
                             return Err(E::from(settled(error).at_key(key.scope, key.key)));
                         }
                     };
-                    observe(Event::Replayed {
+                    session.emit(Event::Replayed {
                         scope: self.name,
                         key: key.key,
                     });
@@ -290,7 +274,7 @@ impl<'a> Idempotent<'a> {
                     // Against a completed record, no redelivery can change that while the
                     // record stands: settled. Against a live claim it can (that run may fail
                     // and release the key), so a runner may deliver the job again.
-                    let completed = matches!(store.lookup(key).await, Ok(Some(_)));
+                    let completed = matches!(session.store().lookup(key).await, Ok(Some(_)));
                     return Err(E::from(key_reused(completed)));
                 }
                 Claimed::Poisoned { crashes, first } => {
@@ -298,7 +282,8 @@ impl<'a> Idempotent<'a> {
                     // for the poison job to run again: the key is forgiven, and claimed again.
                     if !forgiven && crate::dead_letter::redriven_crashed(self.name, self.key) {
                         forgiven = true;
-                        if store.forgive(key).await.map_err(failed)? {
+                        let forgive = session.store().forgive(key).await;
+                        if forgive.map_err(|e| E::from(e.at_key(key.scope, key.key)))? {
                             log_warn(format_args!(
                                 "jobguard: job {} with key {} is redriven from its crashed dead \
                                  letter: its poisoned key ({crashes} crashes) is forgiven and the \
@@ -309,7 +294,7 @@ impl<'a> Idempotent<'a> {
                         continue;
                     }
                     if first {
-                        self.letter_crashed(&runtime, crashes).await;
+                        self.letter_crashed(session.runtime(), crashes).await;
                     }
                     // Settled either way (its one letter written now or before): a runner
                     // integration must not deliver it again.
@@ -319,7 +304,7 @@ impl<'a> Idempotent<'a> {
                 Claimed::InProgress { retry_in } => {
                     if !waiting {
                         waiting = true;
-                        observe(Event::InProgress {
+                        session.emit(Event::InProgress {
                             scope: self.name,
                             key: key.key,
                             retry_in,
@@ -339,33 +324,12 @@ impl<'a> Idempotent<'a> {
                 }
             }
         };
-        observe(Event::Claimed {
-            scope: self.name,
-            key: key.key,
-        });
 
-        let mut guard = ReleaseOnDrop {
-            store: Some(store.clone()),
-            runtime: runtime.clone(),
-            scope: key.scope.to_owned(),
-            name: self.name.to_owned(),
-            key: key.key.to_owned(),
-            token: token.clone(),
-        };
-        let work = Fenced::new(generation, work);
-        let result = self.heartbeat(&*store, key, &token, work, &observe).await;
-        match result {
-            Ok(value) => {
-                guard.disarm();
-                self.finish(&*store, key, &token, value, &observe).await
-            }
+        let held = session.hold(generation);
+        match held.run(FirstAttempt::new(work)).await {
+            Ok(value) => self.finish(held, value).await,
             Err(error) => {
-                guard.disarm();
-                release(&*store, key, &token).await;
-                observe(Event::Released {
-                    scope: self.name,
-                    key: key.key,
-                });
+                held.release().await;
                 Err(error)
             }
         }
@@ -405,57 +369,20 @@ impl<'a> Idempotent<'a> {
         crate::dead_letter::deliver_observed(sink, letter, |event| runtime.emit(event)).await;
     }
 
-    /// Runs `work`, renewing the lease every third of it.
-    async fn heartbeat<T, E, F>(
-        &self,
-        store: &dyn Store,
-        key: StoreKey<'_>,
-        token: &str,
-        work: F,
-        observe: &impl Fn(Event<'_>),
-    ) -> Result<T, E>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
-        let mut work = pin!(FirstAttempt::new(work));
-        let every = self.lease / 3;
-        let mut lost = false;
-        loop {
-            tokio::select! {
-                biased;
-                done = &mut work => return done,
-                _ = tokio::time::sleep(every), if !lost => {
-                    match store.renew(key, token, self.lease).await {
-                        Ok(()) => {}
-                        Err(Error::LeaseLost) => {
-                            lost = true;
-                            observe(Event::LeaseLost { scope: self.name, key: key.key });
-                            log_error(format_args!("jobguard: lease on {}:{} lost while the job ran; another worker may run it too", key.scope, key.key));
-                        }
-                        // A store error: the lease still runs; try again next beat.
-                        Err(_) => {}
-                    }
-                }
-            }
-        }
-    }
-
     /// Stores the value, retrying the write a few times. A value that cannot be kept to replay
     /// (it does not serialize, holds a float JSON keeps as `null`, or does not read back as its
     /// own type) is returned all the same, and the key is completed without it: a redelivery
     /// gets [`Error::Unreplayable`] rather than running the job again.
     async fn finish<T: Serialize + DeserializeOwned, E: From<Error>>(
         &self,
-        store: &dyn Store,
-        key: StoreKey<'_>,
-        token: &str,
+        held: Held,
         value: T,
-        observe: &impl Fn(Event<'_>),
     ) -> Result<T, E> {
         let record = match encode_replayable(&value) {
             Ok(record) => record,
             Err(why) => {
-                observe(Event::StoreFailed {
+                let key = held.session().key();
+                held.session().emit(Event::StoreFailed {
                     scope: self.name,
                     key: key.key,
                 });
@@ -468,38 +395,12 @@ impl<'a> Idempotent<'a> {
                 encode_unreplayable(&why)
             }
         };
-        let mut pause = Duration::from_millis(50);
-        for attempt in 1..=4 {
-            match store.complete(key, token, &record, self.ttl).await {
-                Ok(()) => return Ok(value),
-                Err(Error::LeaseLost) => {
-                    observe(Event::LeaseLost {
-                        scope: self.name,
-                        key: key.key,
-                    });
-                    log_error(format_args!(
-                        "jobguard: job {}:{} succeeded but its lease was lost before the result was stored; another worker may have run it",
-                        key.scope, key.key
-                    ));
-                    return Err(E::from(Error::LeaseLost));
-                }
-                Err(e) if attempt == 4 => {
-                    observe(Event::StoreFailed {
-                        scope: self.name,
-                        key: key.key,
-                    });
-                    log_error(format_args!(
-                        "jobguard: job {}:{} succeeded but its result could not be stored ({e}); a redelivery after the lease lapses will run it again",
-                        key.scope, key.key
-                    ));
-                }
-                Err(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-            }
+        match held.complete(&record, self.ttl).await {
+            // The side effect took place: a result that could not be stored (said in the log)
+            // does not turn the call into a failure the queue would deliver again.
+            Err(Error::LeaseLost) => Err(E::from(Error::LeaseLost)),
+            Ok(()) | Err(_) => Ok(value),
         }
-        Ok(value)
     }
 }
 
@@ -578,105 +479,4 @@ fn stored_scope(name: &str) -> Cow<'_, str> {
 pub async fn forgive<S: Store + ?Sized>(store: &S, job: &str, key: &str) -> Result<bool, Error> {
     let scope = stored_scope(job);
     store.forgive(StoreKey { scope: &scope, key }).await
-}
-
-/// `emit` as the observer of one claimed call, with `LeaseLost` raised once: the heartbeat finds
-/// a lease lost, and the result's write is then refused for the same reason. Shared with the
-/// HTTP layer.
-pub(crate) fn lease_lost_once(emit: impl Fn(&Event<'_>)) -> impl Fn(Event<'_>) {
-    let lost = std::sync::atomic::AtomicBool::new(false);
-    move |event: Event<'_>| {
-        let again = matches!(event, Event::LeaseLost { .. })
-            && lost.swap(true, std::sync::atomic::Ordering::Relaxed);
-        if !again {
-            emit(&event);
-        }
-    }
-}
-
-/// Releases `token`'s claim, trying a few times; a claim that cannot be released lapses with
-/// its lease. Shared with the HTTP layer.
-pub(crate) async fn release(store: &dyn Store, key: StoreKey<'_>, token: &str) {
-    for _ in 0..3 {
-        if store.release(key, token).await.is_ok() {
-            return;
-        }
-    }
-    log_error(format_args!(
-        "jobguard: claim on {}:{} could not be released; it lapses with its lease",
-        key.scope, key.key
-    ));
-}
-
-/// Releases the claim when the work is cancelled (its future dropped) or panics.
-struct ReleaseOnDrop {
-    store: Option<Arc<dyn Store>>,
-    runtime: Runtime,
-    scope: String,
-    /// The job's name, for the event.
-    name: String,
-    key: String,
-    token: String,
-}
-
-impl ReleaseOnDrop {
-    fn disarm(&mut self) {
-        self.store = None;
-    }
-}
-
-impl Drop for ReleaseOnDrop {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        release_dropped(
-            store,
-            self.runtime.clone(),
-            std::mem::take(&mut self.scope),
-            std::mem::take(&mut self.name),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.token),
-        );
-    }
-}
-
-/// Releases the claim of a call that was dropped (cancelled) or panicked, and raises
-/// `Released` under the job's `name`: at once when the store answers without waiting (as
-/// [`MemoryStore`](crate::MemoryStore) does), so that a redelivery right after the
-/// cancellation finds the key free; else in a task. Outside a runtime the claim lapses with
-/// its lease. Shared with the HTTP layer.
-pub(crate) fn release_dropped(
-    store: Arc<dyn Store>,
-    runtime: Runtime,
-    scope: String,
-    name: String,
-    key: String,
-    token: String,
-) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        log_error(format_args!(
-            "jobguard: claim on {scope}:{key} dropped outside a runtime; it lapses with its lease"
-        ));
-        return;
-    };
-    let mut releasing = Box::pin(async move {
-        let key = StoreKey {
-            scope: &scope,
-            key: &key,
-        };
-        release(&*store, key, &token).await;
-        runtime.emit(&Event::Released {
-            scope: &name,
-            key: key.key,
-        });
-    });
-    // While a panic unwinds, nothing of the observers' runs here: a panic in one would abort.
-    if !std::thread::panicking() {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if releasing.as_mut().poll(&mut cx).is_ready() {
-            return;
-        }
-    }
-    handle.spawn(releasing);
 }

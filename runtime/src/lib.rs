@@ -71,6 +71,7 @@ pub mod apalis;
 mod attempt;
 mod bounds;
 pub mod breaker;
+mod claim;
 pub mod classify;
 pub mod dead_letter;
 mod error;
