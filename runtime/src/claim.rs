@@ -4,7 +4,7 @@
 //! `Idempotency-Key` layer and the job-runner layer all go through it, so that a rule changed
 //! here changes everywhere:
 //!
-//! 1. **claim** the key ([`Session::claim`]): one [`Store::claim_with`], numbered (the fence)
+//! 1. **claim** the key ([`Session::claim`]): one [`Store::claim`], numbered (the fence)
 //!    and counting the claims that dead workers abandoned (crashes, then poisoning);
 //! 2. **hold** it while the work runs ([`Held::run`]): the lease is renewed every third of
 //!    itself, and the work reads the claim's generation with [`fence()`](crate::fence);
@@ -112,7 +112,7 @@ impl Session {
         };
         match self
             .store
-            .claim_with(self.key(), &self.token, options)
+            .claim(self.key(), &self.token, options)
             .await
         {
             Ok(claimed) => Ok(claimed),

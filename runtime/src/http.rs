@@ -192,7 +192,7 @@ use crate::Error;
 use crate::claim::{Session, Work};
 use crate::observe::{Event, log_error, log_warn};
 use crate::runtime::{Current, Runtime};
-use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Store, StoreKey};
+use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, Letter, Store, StoreKey};
 use ::http::request::Parts;
 use ::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use bytes::{Bytes, BytesMut};
@@ -611,14 +611,16 @@ where
             return Ok(Problem::InProgress.response());
         }
         Ok(Claimed::KeyReused) => return Ok(Problem::KeyReused.response()),
-        Ok(Claimed::Poisoned { crashes, first }) => {
-            if first {
+        Ok(Claimed::Poisoned { crashes, letter }) => {
+            // A request's letter is this log line.
+            if letter == Letter::Yours {
                 log_error(format_args!(
                     "jobguard: request {}:{} refused for good: the server died {crashes} times \
                      answering it; a repeat with this key is answered 500 until the key's TTL \
                      ends (forgive the key to run it again)",
                     key.scope, key.key
                 ));
+                let _ = session.store().lettered(key).await;
             }
             return Ok(Problem::Poisoned(crashes).response());
         }

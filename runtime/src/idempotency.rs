@@ -75,7 +75,7 @@ use crate::dead_letter::DeadLetterSink;
 use crate::observe::{Event, log_error, log_warn};
 use crate::record::{DeadLetter, GiveUp};
 use crate::store::record::{decode, encode_replayable, encode_unreplayable, key_reused, settled};
-use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Store, StoreKey};
+use crate::store::{ClaimOptions, Claimed, DEFAULT_CRASHES, DefaultScope, Letter, Store, StoreKey};
 use crate::{Error, Runtime};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -277,7 +277,7 @@ impl<'a> Idempotent<'a> {
                     let completed = matches!(session.store().lookup(key).await, Ok(Some(_)));
                     return Err(E::from(key_reused(completed)));
                 }
-                Claimed::Poisoned { crashes, first } => {
+                Claimed::Poisoned { crashes, letter } => {
                     // Inside a redrive of this job's own `crashed` letter, the operator asked
                     // for the poison job to run again: the key is forgiven, and claimed again.
                     if !forgiven && crate::dead_letter::redriven_crashed(self.name, self.key) {
@@ -293,12 +293,18 @@ impl<'a> Idempotent<'a> {
                         }
                         continue;
                     }
-                    if first {
-                        self.letter_crashed(session.runtime(), crashes).await;
+                    // Settled once its one letter is written, now or before: a runner
+                    // integration must not deliver it again. Until then (the sink failed, or
+                    // another delivery holds the letter role) it may, so that a later delivery
+                    // writes the letter.
+                    let settled = match letter {
+                        Letter::Yours => self.letter_crashed(&session, crashes).await,
+                        Letter::Held => false,
+                        Letter::Written => true,
+                    };
+                    if settled {
+                        crate::attempt::Delivery::settle();
                     }
-                    // Settled either way (its one letter written now or before): a runner
-                    // integration must not deliver it again.
-                    crate::attempt::Delivery::settle();
                     return Err(E::from(Error::Poisoned { crashes }));
                 }
                 Claimed::InProgress { retry_in } => {
@@ -336,37 +342,49 @@ impl<'a> Idempotent<'a> {
     }
 
     /// Dead-letters a job whose claims were abandoned `crashes` times, through the job's sink
-    /// ([`dead_letter`](Self::dead_letter)) or else the runtime's; a sink's failure is logged,
-    /// never returned.
-    async fn letter_crashed(&self, runtime: &Runtime, crashes: u32) {
+    /// ([`dead_letter`](Self::dead_letter)) or else the runtime's, and confirms it to the store.
+    /// `true` once the letter is written; a sink's failure is logged (the letter whole) and
+    /// raised, never returned, and leaves the letter role to a later delivery.
+    async fn letter_crashed(&self, session: &Session, crashes: u32) -> bool {
+        let runtime = session.runtime();
         // The redriven letter of this job stays as its one letter: nothing is raised or sent.
-        if crate::dead_letter::redriven(self.name, Some(self.key)) {
-            return;
+        let written = if crate::dead_letter::redriven(self.name, Some(self.key)) {
+            true
+        } else {
+            let now = std::time::SystemTime::now();
+            let error = Error::Poisoned { crashes };
+            log_error(format_args!(
+                "jobguard: job {} with key {} refused for good: its worker died {crashes} times \
+                 running it; dead-lettered, it will not run again",
+                self.name, self.key
+            ));
+            let letter = DeadLetter::new(
+                self.name,
+                Some(self.key.to_owned()),
+                GiveUp::Crashed,
+                crashes,
+                error.to_string(),
+                now,
+                now,
+            )
+            .with_history(vec![error.to_string()]);
+            let letter = crate::retry::with_payload(letter, self.payload);
+            runtime.emit(&Event::DeadLetter(&letter));
+            let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
+            crate::dead_letter::deliver_observed(sink, letter, |event| runtime.emit(event)).await
+        };
+        if written {
+            // Unconfirmed, the role goes to a later delivery, which writes a second letter:
+            // one too many rather than none.
+            if let Err(e) = session.store().lettered(session.key()).await {
+                log_error(format_args!(
+                    "jobguard: the dead letter of job {} with key {} was written but the store \
+                     could not note it ({e}); a later delivery may write it again",
+                    self.name, self.key
+                ));
+            }
         }
-        let now = std::time::SystemTime::now();
-        let error = Error::Poisoned { crashes };
-        log_error(format_args!(
-            "jobguard: job {} with key {} refused for good: its worker died {crashes} times \
-             running it; dead-lettered, it will not run again",
-            self.name, self.key
-        ));
-        let letter = DeadLetter::new(
-            self.name,
-            Some(self.key.to_owned()),
-            GiveUp::Crashed,
-            crashes,
-            error.to_string(),
-            now,
-            now,
-        )
-        .with_history(vec![error.to_string()]);
-        let letter = crate::retry::with_payload(letter, self.payload);
-        runtime.emit(&Event::DeadLetter(&letter));
-        let sink = self.sink.unwrap_or(&*runtime.inner.dead_letters);
-        // The store reports a poisoned key's first refusal once: a letter the sink did not take
-        // is written to the log whole (by `deliver_observed`), or nothing would record it. Its
-        // loss is raised where the letter was.
-        crate::dead_letter::deliver_observed(sink, letter, |event| runtime.emit(event)).await;
+        written
     }
 
     /// Stores the value, retrying the write a few times. A value that cannot be kept to replay

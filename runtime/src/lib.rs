@@ -79,6 +79,9 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub mod idempotency;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
@@ -105,7 +108,7 @@ pub use store::memory::MemoryStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
-pub use store::{Claim, ClaimOptions, Claimed, Store, StoreKey};
+pub use store::{ClaimOptions, Claimed, Letter, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

@@ -37,7 +37,7 @@
 //! bucket.) A claim that finds no room looks at up to 256 buckets before it
 //! gives up.
 
-use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
@@ -99,10 +99,10 @@ const GAUGE_EVERY: Duration = Duration::from_secs(1);
 /// # async fn main() -> Result<(), jobguard::Error> {
 /// let store = MemoryStore::new();
 /// let key = StoreKey { scope: "payments.charge", key: "order-A" };
-/// assert_eq!(store.claim(key, "t1", None, Duration::from_secs(30)).await?, Claim::Acquired);
-/// assert!(matches!(store.claim(key, "t2", None, Duration::from_secs(30)).await?, Claim::InProgress { .. }));
+/// assert_eq!(store.claim_plain(key, "t1", None, Duration::from_secs(30)).await?, Claim::Acquired);
+/// assert!(matches!(store.claim_plain(key, "t2", None, Duration::from_secs(30)).await?, Claim::InProgress { .. }));
 /// store.complete(key, "t1", b"{}", Duration::from_secs(60)).await?;
-/// assert_eq!(store.claim(key, "t3", None, Duration::from_secs(30)).await?, Claim::Completed(b"{}".to_vec()));
+/// assert_eq!(store.claim_plain(key, "t3", None, Duration::from_secs(30)).await?, Claim::Completed(b"{}".to_vec()));
 /// assert_eq!(store.stats().records, 1);
 /// # Ok(())
 /// # }
@@ -430,11 +430,15 @@ struct Record {
     /// completed record's from its completion).
     expires: u64,
     /// The lease's end while claimed; the stamp ([`Shard::order`]'s or [`Shard::freed`]'s key)
-    /// once completed or released; unused once poisoned.
+    /// once completed or released; once poisoned, the end of the letter role's lease, or
+    /// [`LETTERED`] once the letter is confirmed.
     at: u64,
     /// The claim's number among the key's claims, from 1.
     generation: u64,
 }
+
+/// [`Record::at`] of a poisoned record whose dead letter is confirmed.
+const LETTERED: u64 = u64::MAX;
 
 /// [`Record::fp_len`] of a record claimed without a fingerprint.
 const NO_FINGERPRINT: u32 = u32::MAX;
@@ -928,10 +932,17 @@ impl Shard {
                     State::Completed if reused => return Ok(Claimed::KeyReused),
                     State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
                     State::Poisoned => {
-                        return Ok(Claimed::Poisoned {
-                            crashes,
-                            first: false,
-                        });
+                        // The letter role, while no letter is confirmed and its last holder's
+                        // lease has ended.
+                        let letter = if record.at == LETTERED {
+                            Letter::Written
+                        } else if record.at > now {
+                            Letter::Held
+                        } else {
+                            record.at = lease_end;
+                            Letter::Yours
+                        };
+                        return Ok(Claimed::Poisoned { crashes, letter });
                     }
                     State::Claimed if record.at > now && reused => {
                         return Ok(Claimed::KeyReused);
@@ -952,11 +963,12 @@ impl Shard {
                     record.crashes = crashes;
                     record.set_payload(&[]);
                     record.expires = keep;
+                    record.at = lease_end;
                     self.heap = self.heap + record.heap() - before;
                     self.written(keep);
                     return Ok(Claimed::Poisoned {
                         crashes,
-                        first: true,
+                        letter: Letter::Yours,
                     });
                 }
             } else {
@@ -1436,17 +1448,6 @@ impl MemoryStore {
         out
     }
 
-    fn claim_now(
-        &self,
-        key: StoreKey<'_>,
-        token: &str,
-        fingerprint: Option<&str>,
-        lease: Duration,
-    ) -> Result<Claim, Error> {
-        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-        self.claim_counted(key, token, &options)?.into_claim()
-    }
-
     fn claim_counted(
         &self,
         key: StoreKey<'_>,
@@ -1558,18 +1559,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The future of a call that acquired a claim: ready, and of no size, so that boxing it as a
-/// [`StoreFuture`] allocates nothing.
-struct Acquired;
-
-impl std::future::Future for Acquired {
-    type Output = Result<Claim, Error>;
-
-    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(Ok(Claim::Acquired))
-    }
-}
-
 /// The future of a call that succeeded with nothing to return: ready, and of no size.
 struct Succeeded;
 
@@ -1591,19 +1580,6 @@ fn done<'a>(result: Result<(), Error>) -> StoreFuture<'a, ()> {
 
 impl Store for MemoryStore {
     fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        match self.claim_now(key, token, fingerprint, lease) {
-            Ok(Claim::Acquired) => Box::pin(Acquired),
-            other => Box::pin(std::future::ready(other)),
-        }
-    }
-
-    fn claim_with<'a>(
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
@@ -1657,11 +1633,24 @@ impl Store for MemoryStore {
             shard.renew(op, token, expires)
         }))
     }
+
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        self.with_shard(key, |shard, op| {
+            let (key, hash, now) = (op.key, op.hash, op.now);
+            if let Some(record) = shard.table.find_mut(hash, |r| r.is(hash, key)) {
+                if record.state == State::Poisoned && record.expires > now {
+                    record.at = LETTERED;
+                }
+            }
+        });
+        done(Ok(()))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{Claim, PlainClaim};
 
     const K: StoreKey<'static> = StoreKey {
         scope: "s",
@@ -1669,8 +1658,21 @@ mod tests {
     };
     const LEASE: Duration = Duration::from_secs(30);
 
+    /// A claim without a crash limit, as it found the key.
+    fn claim_now(
+        s: &MemoryStore,
+        key: StoreKey<'_>,
+        token: &str,
+        fingerprint: Option<&str>,
+        lease: Duration,
+    ) -> Result<Claim, Error> {
+        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
+        Claim::of(s.claim_counted(key, token, &options)?)
+    }
+
     fn claim(s: &MemoryStore, key: StoreKey<'_>, token: &str) -> Claim {
-        s.claim_now(key, token, None, LEASE).unwrap()
+        let options = ClaimOptions::new(LEASE).crashes(0);
+        Claim::of(s.claim_counted(key, token, &options).unwrap()).unwrap()
     }
 
     #[tokio::test(start_paused = true)]
@@ -1703,7 +1705,7 @@ mod tests {
         let mut refused = 0;
         let mut won = Vec::new();
         for k in &keys {
-            match s.claim_now(StoreKey { scope: "s", key: k }, "t", None, LEASE) {
+            match claim_now(&s, StoreKey { scope: "s", key: k }, "t", None, LEASE) {
                 Ok(Claim::Acquired) => won.push(k.clone()),
                 Err(Error::Store(_)) => refused += 1,
                 other => panic!("{other:?}"),
@@ -1728,7 +1730,7 @@ mod tests {
             .iter()
             .filter(|k| {
                 matches!(
-                    s.claim_now(StoreKey { scope: "t", key: k }, "t", None, LEASE),
+                    claim_now(&s, StoreKey { scope: "t", key: k }, "t", None, LEASE),
                     Ok(Claim::Acquired)
                 )
             })
@@ -1740,19 +1742,19 @@ mod tests {
     async fn fingerprints_and_scopes() {
         let s = MemoryStore::new();
         assert_eq!(
-            s.claim_now(K, "a", Some("f1"), LEASE).unwrap(),
+            claim_now(&s, K, "a", Some("f1"), LEASE).unwrap(),
             Claim::Acquired
         );
         assert_eq!(
-            s.claim_now(K, "b", Some("f2"), LEASE).unwrap(),
+            claim_now(&s, K, "b", Some("f2"), LEASE).unwrap(),
             Claim::KeyReused
         );
         assert!(matches!(
-            s.claim_now(K, "b", Some("f1"), LEASE).unwrap(),
+            claim_now(&s, K, "b", Some("f1"), LEASE).unwrap(),
             Claim::InProgress { .. }
         ));
         assert_eq!(
-            s.claim_now(
+            claim_now(&s, 
                 StoreKey {
                     scope: "other",
                     key: "k"
@@ -1824,31 +1826,31 @@ mod tests {
     async fn a_fingerprint_survives_completion_and_a_reclaim_replaces_it() {
         let s = MemoryStore::new();
         assert_eq!(
-            s.claim_now(K, "a", Some("f1"), LEASE).unwrap(),
+            claim_now(&s, K, "a", Some("f1"), LEASE).unwrap(),
             Claim::Acquired
         );
         s.complete(K, "a", b"r", Duration::from_secs(1))
             .await
             .unwrap();
         assert_eq!(
-            s.claim_now(K, "b", Some("f2"), LEASE).unwrap(),
+            claim_now(&s, K, "b", Some("f2"), LEASE).unwrap(),
             Claim::KeyReused
         );
         assert_eq!(
-            s.claim_now(K, "b", None, LEASE).unwrap(),
+            claim_now(&s, K, "b", None, LEASE).unwrap(),
             Claim::Completed(b"r".to_vec())
         );
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(
-            s.claim_now(K, "c", Some("f2"), LEASE).unwrap(),
+            claim_now(&s, K, "c", Some("f2"), LEASE).unwrap(),
             Claim::Acquired
         );
         assert!(matches!(
-            s.claim_now(K, "d", Some("f2"), LEASE).unwrap(),
+            claim_now(&s, K, "d", Some("f2"), LEASE).unwrap(),
             Claim::InProgress { .. }
         ));
         assert_eq!(
-            s.claim_now(K, "d", Some("f1"), LEASE).unwrap(),
+            claim_now(&s, K, "d", Some("f1"), LEASE).unwrap(),
             Claim::KeyReused
         );
     }
@@ -1887,7 +1889,7 @@ mod tests {
                 scope: "s",
                 key: &key,
             };
-            match s.claim_now(k, "t", None, LEASE) {
+            match claim_now(&s, k, "t", None, LEASE) {
                 Ok(Claim::Acquired) => s.complete(k, "t", &[7; 100], ttl).await.unwrap(),
                 Err(e) => break e,
                 Ok(other) => panic!("{other:?}"),
@@ -1982,19 +1984,19 @@ mod tests {
             counted(&s, "e", 3),
             Claimed::Poisoned {
                 crashes: 3,
-                first: true
+                letter: Letter::Yours
             }
         );
         assert_eq!(
             counted(&s, "f", 3),
             Claimed::Poisoned {
                 crashes: 3,
-                first: false
+                letter: Letter::Held
             },
             "refused for good, reported once"
         );
         assert_eq!(
-            s.claim(K, "g", None, LEASE).await,
+            s.claim_plain(K, "g", None, LEASE).await,
             Err(Error::Poisoned { crashes: 3 })
         );
         assert_eq!(s.complete(K, "d", b"x", LEASE).await, Err(Error::LeaseLost));
@@ -2028,7 +2030,7 @@ mod tests {
         tokio::time::advance(LEASE).await;
         assert!(matches!(
             s.claim_counted(K, "b", options).unwrap(),
-            Claimed::Poisoned { first: true, .. }
+            Claimed::Poisoned { letter: Letter::Yours, .. }
         ));
     }
 
@@ -2044,7 +2046,7 @@ mod tests {
                 scope: "s",
                 key: &key,
             };
-            match s.claim_now(k, "t", None, LEASE) {
+            match claim_now(&s, k, "t", None, LEASE) {
                 Ok(Claim::Acquired) => held += 1,
                 Err(e) => break (key, e),
                 Ok(other) => panic!("{other:?}"),
@@ -2058,7 +2060,7 @@ mod tests {
                 scope: "s",
                 key: &refused.0,
             };
-            assert!(s.claim_now(k, "t", None, LEASE).is_err());
+            assert!(claim_now(&s, k, "t", None, LEASE).is_err());
             assert_eq!(s.stats(), before, "nothing kept, nothing counted");
             assert_eq!(s.completed(k), None);
         }
@@ -2097,7 +2099,7 @@ mod tests {
             let k = StoreKey { scope: "s", key };
             assert!(matches!(
                 s.claim_counted(k, "b", &options).unwrap(),
-                Claimed::Poisoned { first: true, .. }
+                Claimed::Poisoned { letter: Letter::Yours, .. }
             ));
         }
         for i in 0..2_000 {
@@ -2112,19 +2114,17 @@ mod tests {
                 .unwrap();
         }
         assert!(s.stats().evicted >= 1_500, "{:?}", s.stats());
-        assert_eq!(
+        // Still poisoned, not claimed (no letter was confirmed, so the role is handed out
+        // again).
+        assert!(matches!(
             s.claim_counted(K, "c", &options).unwrap(),
-            Claimed::Poisoned {
-                crashes: 1,
-                first: false
-            },
-            "still poisoned: not claimed, not lettered again"
-        );
+            Claimed::Poisoned { crashes: 1, .. }
+        ));
         for key in &poisoned {
             let k = StoreKey { scope: "s", key };
             assert!(matches!(
                 s.claim_counted(k, "c", &options).unwrap(),
-                Claimed::Poisoned { first: false, .. }
+                Claimed::Poisoned { crashes: 1, .. }
             ));
         }
     }
@@ -2138,7 +2138,7 @@ mod tests {
         tokio::time::advance(ttl - Duration::from_secs(1)).await;
         assert!(matches!(
             s.claim_counted(K, "c", &options).unwrap(),
-            Claimed::Poisoned { first: false, .. }
+            Claimed::Poisoned { .. }
         ));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(matches!(
@@ -2183,7 +2183,7 @@ mod tests {
         tokio::time::advance(LEASE).await;
         assert!(matches!(
             s.claim_counted(K, "e", &options).unwrap(),
-            Claimed::Poisoned { first: true, .. }
+            Claimed::Poisoned { letter: Letter::Yours, .. }
         ));
         tokio::time::advance(ttl).await;
         assert_eq!(s.forgive(K).await, Ok(false));

@@ -1,9 +1,45 @@
 //! Idempotency stores: where claims and completed results live.
 //!
-//! A [`Store`] keeps, for each `(scope, key)`, either a live **claim** (a lease held by one
-//! worker, identified by a random token) or a **completed** record (the serialized result, kept
-//! for the TTL). Every change after the claim is a compare-and-set on the token, so a worker whose
-//! lease lapsed can never overwrite or delete its successor's record.
+//! A [`Store`] keeps one record per `(scope, key)`. Every guarded entry point (`#[idempotent]`,
+//! the HTTP layer, a job runner's) goes through the same [claim session](crate::claim) on it,
+//! so a store is the whole contract between jobguard and a database: implement the seven
+//! methods of [`Store`] and pass [`testing::check_store`](crate::testing) (feature `testing`).
+//!
+//! # The states of a key
+//!
+//! ```text
+//!                 claim                      complete(token)
+//!   free ───────────────────────▶ claimed ─────────────────────▶ completed ──┐
+//!    ▲  ▲        (generation n+1)  │  │  │                          (replayed  │
+//!    │  │                          │  │  │ renew(token): lease     for ttl)   │ ttl ends
+//!    │  └──── release(token) ──────┘  │  │ extended                           │
+//!    │        (history kept)          │  │                                    │
+//!    │                                │  └─ lease lapses, next claim takes ───┘
+//!    │                                │     it over: crash counted, generation n+1
+//!    │     forgive                    │
+//!    └──────────── poisoned ◀─────────┘  the takeover that finds `crashes` counted
+//!                  (refused for ttl;     poisons the key instead
+//!                   its letter handed
+//!                   out until `lettered`)
+//! ```
+//!
+//! * **free**: no record, an expired one, or a released one. A released key keeps its
+//!   *history* (its generation and crash count) until the TTL of the claim that made it, so
+//!   that generations only grow and crashes add up across deliveries.
+//! * **claimed**: a live lease held by one token. Only that token may
+//!   [`complete`](Store::complete), [`release`](Store::release) or [`renew`](Store::renew) it
+//!   (compare-and-set on the token), so a worker whose lease lapsed can never overwrite or
+//!   delete its successor's record. A claim whose lease lapsed was abandoned by a dead worker:
+//!   the next claim takes it over and counts a crash.
+//! * **completed**: the serialized result, replayed to every later claim until the TTL ends.
+//! * **poisoned**: the key's abandoned claims reached the crash limit. Every claim is refused
+//!   for the TTL; the job is dead-lettered once. The *letter role* is handed to one claimer at
+//!   a time ([`Claimed::Poisoned`] with [`Letter::Yours`], held for the claim's lease), and again
+//!   after that lease, until a claimer confirms the letter written
+//!   ([`lettered`](Store::lettered)): a sink that fails does not lose the letter.
+//!
+//! A fingerprint (a digest of the arguments) is kept with a claim and a completed record: a
+//! claim with another one finds [`Claimed::KeyReused`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,23 +65,7 @@ pub struct StoreKey<'a> {
     pub key: &'a str,
 }
 
-/// What a claim found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The caller now holds the key for the lease and must run the job.
-    Acquired,
-    /// The job already completed: its stored result, to replay.
-    Completed(Vec<u8>),
-    /// Another worker holds a live claim, which lapses in `retry_in` at most.
-    InProgress {
-        /// The time left on the other worker's lease.
-        retry_in: Duration,
-    },
-    /// The key is claimed or completed with a different fingerprint.
-    KeyReused,
-}
-
-/// How a counted claim ([`Store::claim_with`]) is made.
+/// How a claim ([`Store::claim`]) is made.
 ///
 /// ```
 /// use jobguard::store::ClaimOptions;
@@ -109,11 +129,11 @@ impl<'a> ClaimOptions<'a> {
     }
 }
 
-/// What a counted claim ([`Store::claim_with`]) found.
+/// What a claim ([`Store::claim`]) found.
 ///
-/// Beyond [`Claim`], it numbers the claims of a key and counts the abandoned ones: a claim whose
-/// lease lapsed without [`complete`](Store::complete) or [`release`](Store::release) was held by
-/// a worker that died (or stalled past its lease). The next claim takes it over and counts it.
+/// A store numbers the claims of a key and counts the abandoned ones: a claim whose lease lapsed
+/// without [`complete`](Store::complete) or [`release`](Store::release) was held by a worker
+/// that died (or stalled past its lease). The next claim takes it over and counts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claimed {
     /// The caller now holds the key and must run the job.
@@ -121,8 +141,7 @@ pub enum Claimed {
         /// This claim's number among the key's claims: 1 for the first, and larger for each
         /// claim after it (a takeover of an abandoned claim, a claim after a release). A
         /// downstream that remembers the largest generation it saw can refuse writes from an
-        /// older one (`jobguard::fence()` gives it to the body). `0` from a store that does not
-        /// number claims.
+        /// older one (`jobguard::fence()` gives it to the body).
         generation: u64,
         /// Abandoned claims counted so far, this takeover included.
         crashes: u32,
@@ -140,76 +159,69 @@ pub enum Claimed {
     Poisoned {
         /// The abandoned claims counted.
         crashes: u32,
-        /// `true` for the one claim that found the limit reached (and poisoned the key): that
-        /// caller reports the job, once; every later claim finds `false`.
-        first: bool,
+        /// Who dead-letters the job: see [`Letter`].
+        letter: Letter,
     },
 }
 
+/// Who writes a poisoned job's one dead letter ([`Claimed::Poisoned`]).
+///
+/// The store hands the *letter role* to the claim that poisoned the key, and again, after that
+/// claim's lease, to the next claimer while no letter is confirmed
+/// ([`Store::lettered`]): a letter whose sink failed is written by a later delivery, never lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Letter {
+    /// This claimer holds the role: it writes the letter, then confirms it with
+    /// [`Store::lettered`].
+    Yours,
+    /// Another claimer holds the role, for its lease; no letter is confirmed yet.
+    Held,
+    /// The letter is confirmed: the job is settled.
+    Written,
+}
+
 /// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore),
-/// [`RedisStore`](redis::RedisStore) (feature `redis`) and `PgStore` (feature `postgres`).
+/// [`RedisStore`](redis::RedisStore) (feature `redis`) and `PgStore` (feature `postgres`); a
+/// store of your own implements these seven methods, following [the states of a
+/// key](self#the-states-of-a-key), and passes [`testing::check_store`](crate::testing) (feature
+/// `testing`), the suite the built-in stores pass.
 ///
-/// Implementations must make [`claim`](Store::claim) atomic (two concurrent claims of one free
-/// key: exactly one is `Acquired`), and [`complete`](Store::complete), [`release`](Store::release)
-/// and [`renew`](Store::renew) conditional on `token` still holding the claim.
-///
-/// The stores of this crate also implement [`claim_with`](Store::claim_with), which numbers a
-/// key's claims (the fence) and counts abandoned ones (poison jobs). A store that implements only
-/// `claim` still works: its claims have generation `0` and no crash is counted.
+/// Each method is one atomic step on one key: [`claim`](Store::claim) must be (two concurrent
+/// claims of one free key: exactly one is `Acquired`), and [`complete`](Store::complete),
+/// [`release`](Store::release) and [`renew`](Store::renew) act only while `token` holds a live
+/// claim. Time is the store's own clock (a server's, or `tokio::time` in memory). An error
+/// reaching the store is [`Error::Store`](crate::Error::Store); a record it cannot read is
+/// [`Error::Corrupt`](crate::Error::Corrupt).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`store = ...` takes a `jobguard::Store`",
     note = "use `jobguard::MemoryStore`, `jobguard::RedisStore` (feature `redis`), `jobguard::PgStore` (feature `postgres`), or implement `jobguard::Store` for your own"
 )]
 pub trait Store: Send + Sync {
-    /// Claims `key` for `lease` under `token`, unless it is claimed or completed. `fingerprint`,
-    /// when given, is kept with the claim and the record; a claim with a different one finds
-    /// [`Claim::KeyReused`].
+    /// Claims `key` for `options.lease` under `token`:
+    ///
+    /// * free: [`Claimed::Acquired`], numbered one more than the key's last claim (1 for a key
+    ///   without history), with the crashes counted so far;
+    /// * completed: [`Claimed::Completed`] with the record;
+    /// * claimed with a live lease: [`Claimed::InProgress`] with the time left on it;
+    /// * a fingerprint other than the one kept (both present): [`Claimed::KeyReused`];
+    /// * claimed with a lapsed lease: taken over, one crash counted, unless that makes
+    ///   `options.crashes` (not `0`): then the key is poisoned for `options.ttl` and this claim
+    ///   finds [`Claimed::Poisoned`] with [`Letter::Yours`];
+    /// * poisoned: [`Claimed::Poisoned`], with [`Letter::Yours`] if no letter is confirmed and
+    ///   no other claimer holds the role (it is held for the lease of the claim that got it),
+    ///   else [`Letter::Held`] or [`Letter::Written`].
+    ///
+    /// A claim keeps the key's history for `options.ttl` (counted from the claim, or the
+    /// lease's end if later). Once the history has expired, the count of crashes starts again
+    /// at 0, and the generation may start again at 1: a downstream that keeps the largest
+    /// fence it saw should forget it after the job's TTL.
     fn claim<'a>(
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim>;
-
-    /// Claims `key` like [`claim`](Store::claim), numbering the claim and counting abandoned
-    /// claims: a claim whose lease lapsed is taken over and counted, and once `options.crashes`
-    /// are counted the key is poisoned ([`Claimed::Poisoned`], `first` for the claim that
-    /// poisoned it) and refused for `options.ttl`. A release keeps the key's generation and crash
-    /// count until the claim's `options.ttl` runs out, so generations only grow while the key's
-    /// history is kept.
-    ///
-    /// Once the history has expired (the TTL, counted from the claim, or a completed record's
-    /// TTL), the crash count starts again at 0, and the generation may start again at 1: it
-    /// does in [`RedisStore`](crate::RedisStore) and in a [`MemoryStore`](memory::MemoryStore)
-    /// whose sweep has dropped the record; `PgStore` and a record not yet swept go on from the
-    /// last one. A `MemoryStore` short of room also drops a released key's history first, and a
-    /// lapsed claim when nothing else can go; a poisoned key is kept for its TTL, like a live
-    /// claim, so that a job is poisoned and lettered once. A downstream that keeps the largest
-    /// fence it saw should therefore forget it after the job's TTL.
-    ///
-    /// The default implementation calls [`claim`](Store::claim): generation `0`, no crash
-    /// counted.
-    fn claim_with<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
         options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, Claimed> {
-        let claim = self.claim(key, token, options.fingerprint, options.lease);
-        Box::pin(async move {
-            Ok(match claim.await? {
-                Claim::Acquired => Claimed::Acquired {
-                    generation: 0,
-                    crashes: 0,
-                },
-                Claim::Completed(bytes) => Claimed::Completed(bytes),
-                Claim::InProgress { retry_in } => Claimed::InProgress { retry_in },
-                Claim::KeyReused => Claimed::KeyReused,
-            })
-        })
-    }
+    ) -> StoreFuture<'a, Claimed>;
 
     /// Replaces `token`'s claim with the completed `record`, kept for `ttl`.
     /// [`Error::LeaseLost`](crate::Error::LeaseLost) when `token` no longer holds the claim.
@@ -221,8 +233,8 @@ pub trait Store: Send + Sync {
         ttl: Duration,
     ) -> StoreFuture<'a, ()>;
 
-    /// Deletes `token`'s claim so a redelivery can run the job; nothing when `token` no longer
-    /// holds it.
+    /// Frees `token`'s claim so a redelivery can run the job, keeping the key's history;
+    /// nothing when `token` no longer holds it.
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()>;
 
     /// Extends `token`'s claim to `lease` from now. [`Error::LeaseLost`](crate::Error::LeaseLost)
@@ -237,20 +249,10 @@ pub trait Store: Send + Sync {
     /// The record `key`'s job completed with (what a replay would return), read without claiming,
     /// renewing or releasing anything: `None` when the key is free, claimed, released or
     /// poisoned, or its record expired. For a dashboard or a status endpoint, which must not
-    /// hold a key a delivery may be claiming at the same moment.
-    ///
-    /// The stores of this crate implement it; a store of your own that does not fails with
-    /// [`Error::Store`](crate::Error::Store) saying so. The guard also asks it whether a key
-    /// refused as [`KeyReused`](Claimed::KeyReused) was completed (which settles a runner's
-    /// delivery): with a store that cannot tell, such a delivery is not settled, and the runner
-    /// delivers it again until its own limit, refused each time.
-    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
-        let _ = key;
-        Box::pin(std::future::ready(Err(crate::Error::Store(
-            "this store cannot read a key without claiming it (Store::lookup is not implemented)"
-                .into(),
-        ))))
-    }
+    /// hold a key a delivery may be claiming at the same moment. The guard also asks it whether
+    /// a key refused as [`KeyReused`](Claimed::KeyReused) was completed (which settles a
+    /// runner's delivery).
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>>;
 
     /// Forgives `key`'s crashes: a poisoned key becomes free, and the key's crash count starts
     /// again at 0, so that its job runs again and takes [`ClaimOptions::crashes`] more
@@ -262,10 +264,7 @@ pub trait Store: Send + Sync {
     /// claim (its lease has not ended: its worker may be running the job; forgive again once
     /// it ends, if it crashed), a free key without crashes, and a key the store does not hold.
     /// The key's generation is kept, so the fence only grows while its history is kept: the
-    /// next claim is numbered one more than the last. (The history of a forgiven key is kept
-    /// as a released key's is, until the TTL of the claim that made it, or that poisoned it; a
-    /// [`MemoryStore`](memory::MemoryStore) short of room drops it first, as it does a released
-    /// key's: see [`claim_with`](Store::claim_with).)
+    /// next claim is numbered one more than the last.
     ///
     /// One atomic operation against concurrent claims, for an operator (a job refused by
     /// mistake, such as one that only ran beside a poison job in a worker process that died)
@@ -273,122 +272,59 @@ pub trait Store: Send + Sync {
     /// [`idempotency`](crate::idempotency#forgiving-a-key)).
     /// [`idempotency::forgive`](crate::idempotency::forgive) takes the job's name and key
     /// instead of a [`StoreKey`].
-    ///
-    /// The stores of this crate implement it; a store of your own that does not fails with
-    /// [`Error::Store`](crate::Error::Store) saying so.
-    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
-        let _ = key;
-        Box::pin(std::future::ready(Err(crate::Error::Store(
-            "this store cannot forgive a key's crashes (Store::forgive is not implemented)".into(),
-        ))))
-    }
+    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool>;
+
+    /// Confirms that a poisoned key's dead letter was written: later claims find
+    /// [`Claimed::Poisoned`] without the letter role. Nothing for a key that is not poisoned.
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()>;
 }
 
-impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        (**self).claim(key, token, fingerprint, lease)
-    }
-    fn claim_with<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, Claimed> {
-        (**self).claim_with(key, token, options)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        record: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, ()> {
-        (**self).complete(key, token, record, ttl)
-    }
-    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        (**self).release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        lease: Duration,
-    ) -> StoreFuture<'a, ()> {
-        (**self).renew(key, token, lease)
-    }
-    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
-        (**self).lookup(key)
-    }
-    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
-        (**self).forgive(key)
-    }
+/// Forwards every method to the store behind the pointer.
+macro_rules! forward_store {
+    ($($ty:ty),*) => {$(
+        impl<S: Store + ?Sized> Store for $ty {
+            fn claim<'a>(
+                &'a self,
+                key: StoreKey<'a>,
+                token: &'a str,
+                options: ClaimOptions<'a>,
+            ) -> StoreFuture<'a, Claimed> {
+                (**self).claim(key, token, options)
+            }
+            fn complete<'a>(
+                &'a self,
+                key: StoreKey<'a>,
+                token: &'a str,
+                record: &'a [u8],
+                ttl: Duration,
+            ) -> StoreFuture<'a, ()> {
+                (**self).complete(key, token, record, ttl)
+            }
+            fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
+                (**self).release(key, token)
+            }
+            fn renew<'a>(
+                &'a self,
+                key: StoreKey<'a>,
+                token: &'a str,
+                lease: Duration,
+            ) -> StoreFuture<'a, ()> {
+                (**self).renew(key, token, lease)
+            }
+            fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+                (**self).lookup(key)
+            }
+            fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+                (**self).forgive(key)
+            }
+            fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+                (**self).lettered(key)
+            }
+        }
+    )*};
 }
 
-impl<S: Store + ?Sized> Store for &S {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        (**self).claim(key, token, fingerprint, lease)
-    }
-    fn claim_with<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, Claimed> {
-        (**self).claim_with(key, token, options)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        record: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, ()> {
-        (**self).complete(key, token, record, ttl)
-    }
-    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        (**self).release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        lease: Duration,
-    ) -> StoreFuture<'a, ()> {
-        (**self).renew(key, token, lease)
-    }
-    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
-        (**self).lookup(key)
-    }
-    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
-        (**self).forgive(key)
-    }
-}
-
-impl Claimed {
-    /// The answer of [`Store::claim`] for this outcome: a claim that does not count crashes.
-    /// [`Error::Poisoned`](crate::Error::Poisoned) for a poisoned key.
-    pub fn into_claim(self) -> Result<Claim, crate::Error> {
-        Ok(match self {
-            Claimed::Acquired { .. } => Claim::Acquired,
-            Claimed::Completed(bytes) => Claim::Completed(bytes),
-            Claimed::InProgress { retry_in } => Claim::InProgress { retry_in },
-            Claimed::KeyReused => Claim::KeyReused,
-            Claimed::Poisoned { crashes, .. } => return Err(crate::Error::Poisoned { crashes }),
-        })
-    }
-}
+forward_store!(std::sync::Arc<S>, &S);
 
 /// The default scope of one `#[idempotent]` function (its module path and name), in a `static`
 /// per function: the first call of each registers it, so that two functions that end up with

@@ -37,10 +37,11 @@
 //! | `fingerprint` | the claim's fingerprint, or `NULL` | kept | kept | kept |
 //! | `result` | `NULL` | the stored result's bytes, opaque to the store | `NULL` | `NULL` |
 //! | `expires_at` | when the row may go: the TTL (or the lease, if longer) from the claim | the end of the TTL | the claim's | the end of the TTL |
-//! | `lease_ends_at` | the end of the lease | `NULL` | `NULL` | `NULL` |
+//! | `lease_ends_at` | the end of the lease | `NULL` | `NULL` | the end of the letter role's lease while `lettered` is `false` |
 //! | `generation` | the claim's number among the key's claims, from 1 | kept | kept | kept |
 //! | `crashes` | abandoned claims counted | kept | kept | kept |
 //! | `poisoned` | `false` | `false` | `false` | `true` |
+//! | `lettered` | `true` | `true` | `true` | `false` until the job's dead letter is confirmed ([`Store::lettered`]) |
 //!
 //! A claim's row outlives its lease (until `expires_at`), so that a claim whose lease lapsed is
 //! found, taken over and counted by the next claim ([`Claimed`]); a released row keeps the key's
@@ -114,7 +115,7 @@
 //!   (2 s with [`PgStore::connect`]), and the job does not run: fail closed. The pool opens new
 //!   connections when the server is back.
 
-use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::store::record::{
     DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, key_reused, new_token, settled,
@@ -161,7 +162,8 @@ ALTER TABLE jobguard_keys
     ADD COLUMN IF NOT EXISTS lease_ends_at timestamptz,
     ADD COLUMN IF NOT EXISTS generation    bigint  NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS crashes       integer NOT NULL DEFAULT 0,
-    ADD COLUMN IF NOT EXISTS poisoned      boolean NOT NULL DEFAULT false;
+    ADD COLUMN IF NOT EXISTS poisoned      boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS lettered      boolean NOT NULL DEFAULT true;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_constraint
@@ -441,7 +443,7 @@ $$;
                 (4, _) => {
                     return Ok(Claimed::Poisoned {
                         crashes,
-                        first: true,
+                        letter: Letter::Yours,
                     });
                 }
                 (3, Some(w)) if w > 0 => return Ok(Claimed::KeyReused),
@@ -457,10 +459,21 @@ $$;
                     });
                 }
                 (5, Some(w)) if w > 0 => {
-                    return Ok(Claimed::Poisoned {
-                        crashes,
-                        first: false,
-                    });
+                    // Poisoned before: the letter role, if no letter is confirmed and no other
+                    // claimer holds it. One more statement, on this refused path only.
+                    let (letter,): (i32,) = sqlx::query_as(HAND_LETTER)
+                        .bind(&*scope)
+                        .bind(&*stored)
+                        .bind(micros(options.lease))
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(|e| store_error("claim failed", &e))?;
+                    let letter = match letter {
+                        1 => Letter::Yours,
+                        2 => Letter::Held,
+                        _ => Letter::Written,
+                    };
+                    return Ok(Claimed::Poisoned { crashes, letter });
                 }
                 // Free, lapsed or expired in the snapshot, but not taken over: a concurrent
                 // renewal or claim.
@@ -549,7 +562,8 @@ WITH taken AS (
             result = NULL,
             expires_at = CASE WHEN {poison} THEN now() + $6::bigint * interval '1 microsecond'
                               ELSE excluded.expires_at END,
-            lease_ends_at = CASE WHEN {poison} THEN NULL ELSE excluded.lease_ends_at END,
+            lease_ends_at = excluded.lease_ends_at,
+            lettered = NOT {poison},
             generation = CASE WHEN {poison} THEN k.generation ELSE k.generation + 1 END,
             crashes = {CRASHES_AFTER},
             poisoned = {poison}
@@ -568,7 +582,9 @@ SELECT CASE WHEN k.expires_at <= now() THEN 6
                 THEN 3
             WHEN k.token IS NULL THEN 1
             ELSE 2 END,
-       floor(extract(epoch FROM coalesce(k.lease_ends_at, k.expires_at) - now()) * 1000000)::bigint,
+       floor(extract(epoch FROM CASE WHEN k.poisoned THEN k.expires_at
+                                     ELSE coalesce(k.lease_ends_at, k.expires_at) END
+                     - now()) * 1000000)::bigint,
        k.result, k.generation, k.crashes::bigint
 FROM jobguard_keys k
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)
@@ -593,6 +609,30 @@ const RELEASE: &str = "DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 A
 const RELEASE_CLAIM: &str = r#"
 UPDATE jobguard_keys SET token = NULL, lease_ends_at = NULL
 WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
+"#;
+
+// $1 scope, $2 key, $3 lease in µs. Hands a poisoned row's letter role to the claimer while no
+// letter is confirmed and the last holder's lease (`lease_ends_at`) has ended. One row: 1 handed
+// to this claimer, 2 held by another, 0 confirmed (or the row is no longer poisoned). The
+// `was` CTE reads the row as it was before the `UPDATE`, in the statement's snapshot.
+const HAND_LETTER: &str = r#"
+WITH was AS (
+    SELECT lettered FROM jobguard_keys WHERE scope = $1 AND key = $2 AND poisoned
+), handed AS (
+    UPDATE jobguard_keys SET lease_ends_at = now() + $3::bigint * interval '1 microsecond'
+    WHERE scope = $1 AND key = $2 AND poisoned AND NOT lettered AND expires_at > now()
+      AND (lease_ends_at IS NULL OR lease_ends_at <= now())
+    RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM handed) THEN 1
+            WHEN (SELECT lettered FROM was) IS FALSE THEN 2
+            ELSE 0 END
+"#;
+
+// $1 scope, $2 key. A poisoned row's letter is confirmed.
+const LETTERED: &str = r#"
+UPDATE jobguard_keys SET lettered = true, lease_ends_at = NULL
+WHERE scope = $1 AND key = $2 AND poisoned AND NOT lettered
 "#;
 
 // $1 scope, $2 key. Forgives the key's crashes: a poisoned row, or a claim whose lease lapsed,
@@ -632,17 +672,6 @@ AND token IS NULL AND expires_at <= now()
 
 impl Store for PgStore {
     fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-        Box::pin(async move { self.claim_counted(key, token, options).await?.into_claim() })
-    }
-
-    fn claim_with<'a>(
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
@@ -720,6 +749,20 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| store_error("forgive failed", &e))?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    /// One `UPDATE` of a poisoned row: its letter is confirmed.
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            sqlx::query(LETTERED)
+                .bind(&*scope)
+                .bind(&*stored)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| store_error("lettered failed", &e))?;
+            Ok(())
         })
     }
 }

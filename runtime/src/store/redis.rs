@@ -74,24 +74,27 @@
 //! trip, and every script touches exactly one key, passed as `KEYS[1]`: on a Redis Cluster each
 //! script runs whole on the master of its key's slot (see [below](self#redis-cluster)).
 //!
-//! * [`claim_with`](Store::claim_with): a free key (absent, or released) is claimed for the lease
+//! * [`claim`](Store::claim): a free key (absent, or released) is claimed for the lease
 //!   and found [`Acquired`](Claimed::Acquired), with generation 1 for an absent key and one more
 //!   than the record's for a released one; a completed one gives its record; a live claim gives
 //!   [`InProgress`](Claimed::InProgress) with the time left on its lease. A claim whose lease
 //!   ended is taken over: one more generation and one more crash, unless that crash reaches the
 //!   crash limit, and then the key is poisoned for the TTL ([`Poisoned`](Claimed::Poisoned),
-//!   `first` for that claim, not for later ones). A fingerprint mismatches only when both the
+//!   with the letter role for that claim; `jg2/q`). A fingerprint mismatches only when both the
 //!   stored one and the given one are present and differ, and it is checked first on a
 //!   completed record or a live claim: a reused key is [`KeyReused`](Claimed::KeyReused).
-//!   [`claim`](Store::claim) is `claim_with` with no crash limit and the default TTL.
+//! * [`lettered`](Store::lettered): a poisoned key's letter is confirmed (`jg2/q` becomes
+//!   `jg2/p`, its expiry kept); until then the letter role is handed out again, one claimer at
+//!   a time, each for its lease.
 //! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
 //!   while `token` holds a claim whose lease has not ended. Otherwise `complete` and `renew` fail
 //!   with [`Error::LeaseLost`] and `release` does nothing.
-//! * [`forgive`](Store::forgive): one script, like the others: a poisoned key (`jg2/p`) or a
+//! * [`forgive`](Store::forgive): one script, like the others: a poisoned key (`jg2/p`, `jg2/q`) or a
 //!   claim whose lease ended becomes a released key (`jg2/f`) with its generation and a crash
 //!   count of 0, keeping the key's expiry; a released key's count goes back to 0. A completed
 //!   record, a live claim (a version-1 claim is live while it exists) and an absent key are left
-//!   alone, and a value this build cannot read is [`Error::Corrupt`], left in place.
+//!   alone, and a value this build cannot read is [`Error::Corrupt`], left in place. (A
+//!   poisoned key whose letter is not confirmed, `jg2/q`, is forgiven the same way.)
 //! * Leases are measured on the server's clock, so workers' clocks need not agree.
 //! * A server that cannot be reached gives [`Error::Store`] (so the job does
 //!   not run: fail closed). The connection manager reconnects in the background, so the same
@@ -144,7 +147,7 @@
 //! [`RedisStore::connect`] asks the server (`CONFIG GET maxmemory*`) and logs a warning, once
 //! per process, when its settings can evict claims; it stays quiet when `CONFIG` is disabled.
 
-use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::classify::{Transient, Verdict};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -611,9 +614,13 @@ fn decode_claim(reply: Value) -> Result<Claimed, Error> {
         }),
         [Value::Int(3)] => Ok(Claimed::KeyReused),
         [Value::Int(4), why] => Err(corrupt(why)),
-        [Value::Int(5), Value::Int(crashes), Value::Int(first)] => Ok(Claimed::Poisoned {
+        [Value::Int(5), Value::Int(crashes), Value::Int(letter)] => Ok(Claimed::Poisoned {
             crashes: count(crashes),
-            first: *first == 1,
+            letter: match letter {
+                1 => Letter::Yours,
+                2 => Letter::Held,
+                _ => Letter::Written,
+            },
         }),
         _ => Err(unexpected(&reply)),
     }
@@ -651,7 +658,11 @@ local function num(n) return string.format('%d', n) end
 // KEYS[1]: the record. ARGV: the token's field, the fingerprint field, lease in ms, TTL in ms,
 // crash limit (0: none), the longer of TTL and lease in ms (the claim's expiry).
 // Returns {0, generation, crashes} acquired, {1, result} completed, {2, ms left} in progress,
-// {3} reused, {4, why} corrupt, {5, crashes, first} poisoned.
+// {3} reused, {4, why} corrupt, {5, crashes, letter} poisoned (letter: 1 this claim holds the
+// letter role, 2 another claimer holds it, 0 the letter is confirmed).
+// A poisoned key is `jg2/q<generation>:<crashes>:<ms>` while its letter is not confirmed (the
+// letter role is held until <ms>, then handed to the next claimer), `jg2/p<generation>:<crashes>`
+// once it is (and as every build before the letter role wrote it).
 // An absent key, the common case, is claimed by the first `SET NX`, before the helpers are made
 // (the server's time per fresh claim: 4.9 µs for version 1's script, 8.9 µs with this fast path
 // reading its numbers in Lua, 7.5 µs as it is; INFO commandstats, see BENCHMARKS.md).
@@ -709,7 +720,8 @@ if state == 'c' then
   -- Abandoned: its worker died (or stalled past its lease). Counted.
   local crashes = tonumber(c) + 1
   if limit > 0 and crashes >= limit then
-    redis.call('SET', KEYS[1], 'jg2/p' .. g .. ':' .. num(crashes), 'PX', ARGV[4])
+    redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. num(crashes) .. ':' .. lease_end, 'PX',
+      ARGV[4])
     return {5, crashes, 1}
   end
   return claim(tonumber(g) + 1, crashes)
@@ -720,13 +732,21 @@ if version == '1' and state == 'd' then
   if reused() then return {3} end
   return {1, string.sub(v, i)}
 end
+if version == '2' and state == 'q' then
+  local g, c, e = string.match(v, '^(%d+):(%d+):(%d+)$', 6)
+  if not g then return {4, 'a malformed record'} end
+  -- No letter confirmed: the role goes to this claimer once the last holder's lease ended.
+  if tonumber(e) > now then return {5, tonumber(c), 2} end
+  redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. c .. ':' .. lease_end, 'KEEPTTL')
+  return {5, tonumber(c), 1}
+end
 if version == '2' and (state == 'f' or state == 'p') then
   local g, c = string.match(v, '^(%d+):(%d+)$', 6)
   if not g then return {4, 'a malformed record'} end
   local crashes = tonumber(c)
   if state == 'p' then return {5, crashes, 0} end
   if limit > 0 and crashes >= limit then
-    redis.call('SET', KEYS[1], 'jg2/p' .. g .. ':' .. c, 'PX', ARGV[4])
+    redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. c .. ':' .. lease_end, 'PX', ARGV[4])
     return {5, crashes, 1}
   end
   return claim(tonumber(g) + 1, crashes)
@@ -831,6 +851,9 @@ elseif state == 'f' or state == 'p' then
   g, c = string.match(v, '^(%d+):(%d+)$', 6)
   if not g then return {4, 'a malformed record'} end
   if state == 'f' and tonumber(c) == 0 then return {0} end
+elseif state == 'q' then
+  g, c = string.match(v, '^(%d+):(%d+):%d+$', 6)
+  if not g then return {4, 'a malformed record'} end
 else
   return {4, 'unknown record state ' .. state .. ' in version 2'}
 end
@@ -838,6 +861,21 @@ redis.call('SET', KEYS[1], 'jg2/f' .. g .. ':0', 'KEEPTTL')
 return {1}
 "#
     ))
+});
+
+// KEYS[1]: the record. A poisoned key whose letter is not confirmed (`jg2/q`) becomes one whose
+// letter is (`jg2/p`), with its expiry; anything else is left alone. Returns 1 when it marked it.
+static LETTERED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then return 0 end
+local g, c = string.match(v, '^jg2/q(%d+):(%d+):%d+$')
+if not g then return 0 end
+redis.call('SET', KEYS[1], 'jg2/p' .. g .. ':' .. c, 'KEEPTTL')
+return 1
+"#,
+    )
 });
 
 // ARGV: claim prefix. Keeps the generation and the crash count, with the claim's expiry.
@@ -871,17 +909,6 @@ return 1
 
 impl Store for RedisStore {
     fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-        Box::pin(async move { self.claim_counted(key, token, options).await?.into_claim() })
-    }
-
-    fn claim_with<'a>(
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
@@ -969,6 +996,17 @@ impl Store for RedisStore {
                 .await
                 .map_err(|e| store_error("forgive failed", &e))?;
             decode_forgive(reply)
+        })
+    }
+
+    /// One script on the key: a poisoned key whose letter is not confirmed is marked lettered.
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let _: Value = self
+                .invoke(&LETTERED.key(Self::redis_key(key)))
+                .await
+                .map_err(|e| store_error("lettered failed", &e))?;
+            Ok(())
         })
     }
 }
@@ -1138,14 +1176,14 @@ mod tests {
             decode_claim(Array(vec![Int(5), Int(3), Int(1)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
-                first: true
+                letter: Letter::Yours
             })
         );
         assert_eq!(
             decode_claim(Array(vec![Int(5), Int(3), Int(0)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
-                first: false
+                letter: Letter::Written
             })
         );
         assert!(matches!(decode_claim(Int(7)), Err(Error::Store(_))));
