@@ -39,7 +39,8 @@
 //! prints the longest claim of each, and the longest of the claims that dropped records.
 
 use criterion::{Criterion, Throughput, criterion_group};
-use jobguard::{Claim, MemoryStore, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{MemoryStore, Store, StoreKey};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,7 +75,7 @@ fn key(key: &str) -> StoreKey<'_> {
 
 /// One idempotent job's store traffic: claim a fresh key, then complete it.
 async fn memory_job(store: &MemoryStore, k: &str, ttl: Duration) {
-    let claim = store.claim(key(k), TOKEN, None, LEASE).await;
+    let claim = store.claim_plain(key(k), TOKEN, None, LEASE).await;
     assert!(matches!(claim, Ok(Claim::Acquired)), "{claim:?}");
     store.complete(key(k), TOKEN, RECORD, ttl).await.unwrap();
 }
@@ -117,16 +118,16 @@ fn rss() -> usize {
 async fn check(store: &MemoryStore) {
     let k = key("check-0");
     assert_eq!(
-        store.claim(k, TOKEN, None, LEASE).await,
+        store.claim_plain(k, TOKEN, None, LEASE).await,
         Ok(Claim::Acquired)
     );
     assert!(matches!(
-        store.claim(k, "another-token", None, LEASE).await,
+        store.claim_plain(k, "another-token", None, LEASE).await,
         Ok(Claim::InProgress { .. })
     ));
     store.complete(k, TOKEN, RECORD, TTL).await.unwrap();
     assert_eq!(
-        store.claim(k, "another-token", None, LEASE).await,
+        store.claim_plain(k, "another-token", None, LEASE).await,
         Ok(Claim::Completed(RECORD.to_vec()))
     );
 }
@@ -158,7 +159,7 @@ async fn expiry_pauses() {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             let k = write_key(n, &mut buf);
             let t = Instant::now();
-            let claim = store.claim(key(k), TOKEN, None, LEASE).await;
+            let claim = store.claim_plain(key(k), TOKEN, None, LEASE).await;
             let took = t.elapsed();
             assert_eq!(claim, Ok(Claim::Acquired));
             let now_expired = store.stats().expired;

@@ -17,10 +17,11 @@
 //! number of jobs spread over the tasks, and the table gives each contender's median round in
 //! jobs per second, and the ratio to its peer. `JOBGUARD_BENCH_QUICK=1` runs a tenth of the jobs.
 
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
-use jobguard::{Claim, Store, StoreKey};
+use jobguard::{Store, StoreKey};
 use postgres::PgServer;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -48,7 +49,7 @@ async fn store_job(store: PgStore) {
         key: &key,
     };
     assert_eq!(
-        store.claim(key, TOKEN, None, LEASE).await,
+        store.claim_plain(key, TOKEN, None, LEASE).await,
         Ok(Claim::Acquired)
     );
     store.complete(key, TOKEN, RECORD, TTL).await.unwrap();

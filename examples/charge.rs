@@ -432,8 +432,7 @@ impl Service {
     }
 }
 
-/// The stored receipt for `key`, read without disturbing it: a claim of a completed key returns
-/// the record; a claim that happens to succeed is released at once.
+/// The stored receipt for `key`, read without disturbing it (a lookup claims nothing).
 async fn completed(store: &dyn Store, key: &str) -> Option<Receipt> {
     #[derive(Deserialize)]
     struct Record {
@@ -443,15 +442,6 @@ async fn completed(store: &dyn Store, key: &str) -> Option<Receipt> {
         scope: "payments.charge",
         key,
     };
-    let claim = store.claim(key, "state-reader", None, std::time::Duration::from_secs(1));
-    match claim.await.ok()? {
-        jobguard::Claim::Completed(bytes) => {
-            serde_json::from_slice::<Record>(&bytes).ok().map(|r| r.ok)
-        }
-        jobguard::Claim::Acquired => {
-            let _ = store.release(key, "state-reader").await;
-            None
-        }
-        _ => None,
-    }
+    let bytes = store.lookup(key).await.ok()??;
+    serde_json::from_slice::<Record>(&bytes).ok().map(|r| r.ok)
 }

@@ -259,7 +259,7 @@ async fn poisoned_by_a_dead_worker(runtime: &Runtime, store: &RedisStore, order_
     };
     let lease = std::time::Duration::from_millis(200);
     store
-        .claim_with(k, "dead-worker", ClaimOptions::new(lease))
+        .claim(k, "dead-worker", ClaimOptions::new(lease))
         .await
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

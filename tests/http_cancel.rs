@@ -13,7 +13,8 @@ use axum::routing::post;
 use bytes::Bytes;
 use http_support::{Client, Handler, Reply, app, charge_request, ready, serve, watch_drops};
 use jobguard::http::IdempotencyLayer;
-use jobguard::{Claim, Event, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Event, MemoryStore, Runtime, StoreKey};
 use jobguard_testkit::faulty::Faulty;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -173,7 +174,9 @@ async fn a_request_future_dropped_mid_handler_keeps_its_claim_until_the_response
     // The key stays held: a probe's claim, and the repeat, find it in progress.
     let lease = Duration::from_secs(30);
     assert!(matches!(
-        store.claim(store_key("k"), "probe", None, lease).await,
+        store
+            .claim_plain(store_key("k"), "probe", None, lease)
+            .await,
         Ok(Claim::InProgress { .. })
     ));
     ready(&mut service).await;
@@ -222,7 +225,7 @@ async fn a_panicking_handler_releases_its_claim_and_the_panic_reaches_the_caller
     within("the claim's release", released.notified()).await;
     assert_eq!(
         store
-            .claim(store_key("k-panic"), "probe", None, Duration::from_secs(30))
+            .claim_plain(store_key("k-panic"), "probe", None, Duration::from_secs(30))
             .await,
         Ok(Claim::Acquired),
         "the key is free again"

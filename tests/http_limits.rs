@@ -5,8 +5,9 @@ mod http_support;
 
 use http_support::{Client, Handler, app, charge_request, ready, serve};
 use jobguard::http::IdempotencyLayer;
-use jobguard::store::StoreFuture;
-use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::store::{ClaimOptions, Claimed, StoreFuture};
+
+use jobguard::{Error, Event, MemoryStore, Runtime, Store, StoreKey};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -57,9 +58,8 @@ impl Store for Down {
         &'a self,
         _: StoreKey<'a>,
         _: &'a str,
-        _: Option<&'a str>,
-        _: Duration,
-    ) -> StoreFuture<'a, Claim> {
+        _: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
         Box::pin(async { Err(Error::Store("redis 127.0.0.1:1: connection refused".into())) })
     }
     fn complete<'a>(
@@ -69,14 +69,27 @@ impl Store for Down {
         _: &'a [u8],
         _: Duration,
     ) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::Store("connection refused".into())) })
+        refused()
     }
     fn release<'a>(&'a self, _: StoreKey<'a>, _: &'a str) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::Store("connection refused".into())) })
+        refused()
     }
     fn renew<'a>(&'a self, _: StoreKey<'a>, _: &'a str, _: Duration) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::Store("connection refused".into())) })
+        refused()
     }
+    fn lookup<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        refused()
+    }
+    fn forgive<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        refused()
+    }
+    fn lettered<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        refused()
+    }
+}
+
+fn refused<'a, T: Send + 'a>() -> StoreFuture<'a, T> {
+    Box::pin(async { Err(Error::Store("connection refused".into())) })
 }
 
 #[tokio::test]

@@ -40,7 +40,7 @@ async fn abandon(
     worker: &str,
     options: ClaimOptions<'_>,
 ) -> Claimed {
-    let claimed = store.claim_with(k, worker, options).await.unwrap();
+    let claimed = store.claim(k, worker, options).await.unwrap();
     tokio::time::advance(LEASE).await;
     claimed
 }
@@ -300,7 +300,7 @@ async fn the_fence_is_the_claims_generation_at_any_depth_and_none_outside() {
     };
     // Two claims before: one released (a failed run), one abandoned (a crash).
     store
-        .claim_with(k, "failed", ClaimOptions::new(LEASE))
+        .claim(k, "failed", ClaimOptions::new(LEASE))
         .await
         .unwrap();
     store.release(k, "failed").await.unwrap();
@@ -316,66 +316,6 @@ async fn the_fence_is_the_claims_generation_at_any_depth_and_none_outside() {
         }
     );
     assert_eq!(jobguard::fence(), None, "restored after the call");
-}
-
-/// A store that implements only `claim`: it numbers no claims and counts no crashes.
-#[derive(Clone, Default)]
-struct Plain(MemoryStore);
-
-impl Store for Plain {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> jobguard::store::StoreFuture<'a, jobguard::Claim> {
-        self.0.claim(key, token, fingerprint, lease)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        record: &'a [u8],
-        ttl: Duration,
-    ) -> jobguard::store::StoreFuture<'a, ()> {
-        self.0.complete(key, token, record, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-    ) -> jobguard::store::StoreFuture<'a, ()> {
-        self.0.release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        lease: Duration,
-    ) -> jobguard::store::StoreFuture<'a, ()> {
-        self.0.renew(key, token, lease)
-    }
-}
-
-#[jobguard::idempotent(key = order, scope = "tests.poison.plain", lease = "5s")]
-async fn on_a_plain_store(order: &str) -> Result<Option<u64>, Error> {
-    Ok(jobguard::fence())
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_store_that_numbers_no_claims_gives_no_fence_and_counts_no_crash() {
-    let store = Plain::default();
-    let runtime = Runtime::builder().store(store.clone()).build();
-    let k = StoreKey {
-        scope: "tests.poison.plain",
-        key: "order-X",
-    };
-    for _ in 0..5 {
-        store.claim(k, "dies", None, LEASE).await.unwrap();
-        tokio::time::advance(LEASE).await;
-    }
-    assert_eq!(runtime.scope(on_a_plain_store("order-X")).await, Ok(None));
 }
 
 #[tokio::test(start_paused = true)]
@@ -464,19 +404,67 @@ async fn forgive_takes_the_jobs_name_as_its_letter_gives_it() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_store_that_cannot_forgive_says_so() {
-    let store = Plain::default();
-    let k = StoreKey {
-        scope: "tests.poison.plain",
-        key: "order-Y",
+async fn a_crash_letter_the_sink_failed_to_take_is_written_by_a_later_delivery() {
+    use jobguard::Delivery;
+    // A sink that is down until the test brings it back.
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let sink = jobguard::dead_letter::from_fn({
+        let (up, kept) = (up.clone(), kept.clone());
+        move |letter: jobguard::DeadLetter| {
+            let written = up.load(Ordering::SeqCst);
+            if written {
+                kept.lock().unwrap().push(letter);
+            }
+            async move {
+                match written {
+                    true => Ok(()),
+                    false => Err(Error::Store("the dead-letter stream is down".into())),
+                }
+            }
+        }
+    });
+    let store = MemoryStore::new();
+    let runtime = Runtime::builder()
+        .store(store.clone())
+        .dead_letters(sink)
+        .build();
+    let runs = AtomicU32::new(0);
+    let deliver = async |number: u32| {
+        let delivery = Delivery {
+            number,
+            last: false,
+        };
+        runtime
+            .scope(delivery.scope_settled(charge("order-L", &runs)))
+            .await
     };
-    let Err(Error::Store(why)) = store.forgive(k).await else {
-        panic!("the default forgive fails");
-    };
-    assert!(why.contains("Store::forgive"), "{why}");
-    let via_arc = std::sync::Arc::new(store.clone());
-    assert!(matches!(
-        jobguard::idempotency::forgive(&via_arc, "tests.poison.plain", "order-Y").await,
-        Err(Error::Store(_))
-    ));
+    dies_holding(&store, "order-L", "worker-1").await;
+    dies_holding(&store, "order-L", "worker-2").await;
+
+    // The delivery that finds the key poisoned holds the letter role, but the sink is down:
+    // no letter, and the delivery is not settled, so the runner delivers the job again.
+    let (result, settled) = deliver(1).await;
+    assert_eq!(result, Err(Error::Poisoned { crashes: 2 }));
+    assert!(!settled, "no letter was written: not settled");
+    // A redelivery while that delivery's lease runs finds the role held: not settled either.
+    let (_, settled) = deliver(2).await;
+    assert!(!settled);
+    assert!(kept.lock().unwrap().is_empty());
+
+    // The sink is back; once the role's lease lapsed, the next delivery writes the letter.
+    up.store(true, Ordering::SeqCst);
+    tokio::time::advance(LEASE).await;
+    let (result, settled) = deliver(3).await;
+    assert_eq!(result, Err(Error::Poisoned { crashes: 2 }));
+    assert!(settled, "its one letter written: settled");
+    // Confirmed: later deliveries are settled without a second letter.
+    tokio::time::advance(LEASE).await;
+    let (_, settled) = deliver(4).await;
+    assert!(settled);
+    let letters = kept.lock().unwrap();
+    assert_eq!(letters.len(), 1, "one job, one letter: {letters:?}");
+    assert_eq!(letters[0].reason, GiveUp::Crashed);
+    assert_eq!(letters[0].key.as_deref(), Some("order-L"));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the poison job never ran");
 }

@@ -2,7 +2,8 @@
 //! (`fail` and `wait`), the lease (renewal, a crashed holder, cancellation, panic, loss), fail
 //! closed, the stored-result write failing, fingerprints, corrupt records, TTL and scopes.
 
-use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Error, Event, MemoryStore, Runtime, Store, StoreKey};
 use jobguard_testkit::faulty::Faulty;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -173,7 +174,7 @@ async fn the_lease_is_renewed_while_the_work_runs() {
     };
     assert!(matches!(
         store
-            .claim(key, "other", None, Duration::from_secs(1))
+            .claim_plain(key, "other", None, Duration::from_secs(1))
             .await,
         Ok(Claim::InProgress { .. })
     ));
@@ -192,7 +193,7 @@ async fn a_crashed_holder_blocks_the_key_for_one_lease_and_no_longer() {
     // A worker claimed the key and died without cleanup.
     assert_eq!(
         store
-            .claim(key, "dead-worker", None, Duration::from_secs(30))
+            .claim_plain(key, "dead-worker", None, Duration::from_secs(30))
             .await,
         Ok(Claim::Acquired)
     );
@@ -258,7 +259,7 @@ async fn a_panicking_job_releases_its_claim() {
     };
     assert_eq!(
         rt.store()
-            .claim(key, "next", None, Duration::from_secs(1))
+            .claim_plain(key, "next", None, Duration::from_secs(1))
             .await,
         Ok(Claim::Acquired)
     );
@@ -421,7 +422,7 @@ async fn a_corrupt_record_is_corrupt_not_a_panic() {
         br#"{"v":1,"ok":"a string"}"#,
     ] {
         store
-            .claim(key, "t", None, Duration::from_secs(1))
+            .claim_plain(key, "t", None, Duration::from_secs(1))
             .await
             .unwrap();
         store

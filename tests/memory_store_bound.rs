@@ -3,7 +3,8 @@
 //! record younger than `min_retention`, and fails closed only when nothing can be given up.
 
 use jobguard::store::memory::{DEFAULT_MAX_BYTES, DEFAULT_MIN_RETENTION};
-use jobguard::{Claim, Error, Event, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Error, Event, MemoryStore, Runtime, Store, StoreKey};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,7 +59,7 @@ const LEASE: Duration = Duration::from_secs(30);
 async fn a_store_full_of_live_claims_fails_closed_replays_and_recovers() {
     let store = MemoryStore::builder().max_bytes(64 * 1024).build();
     assert_eq!(
-        store.claim(key("done"), "t", None, LEASE).await,
+        store.claim_plain(key("done"), "t", None, LEASE).await,
         Ok(Claim::Acquired)
     );
     store
@@ -70,7 +71,7 @@ async fn a_store_full_of_live_claims_fails_closed_replays_and_recovers() {
     let mut held = Vec::new();
     let words = loop {
         let k = format!("claim-{}", held.len());
-        match store.claim(key(&k), "t", None, LEASE).await {
+        match store.claim_plain(key(&k), "t", None, LEASE).await {
             Ok(Claim::Acquired) => held.push(k),
             Err(Error::Store(words)) => break words,
             other => panic!("{other:?}"),
@@ -97,12 +98,12 @@ async fn a_store_full_of_live_claims_fails_closed_replays_and_recovers() {
     // Every claim held is still held, and the completed key replays.
     for k in &held {
         assert!(matches!(
-            store.claim(key(k), "other", None, LEASE).await,
+            store.claim_plain(key(k), "other", None, LEASE).await,
             Ok(Claim::InProgress { .. })
         ));
     }
     assert_eq!(
-        store.claim(key("done"), "u", None, LEASE).await,
+        store.claim_plain(key("done"), "u", None, LEASE).await,
         Ok(Claim::Completed(b"result".to_vec()))
     );
 
@@ -112,7 +113,7 @@ async fn a_store_full_of_live_claims_fails_closed_replays_and_recovers() {
     for i in 0..held.len() {
         let k = format!("after-{i}");
         assert_eq!(
-            store.claim(key(&k), "t", None, LEASE).await,
+            store.claim_plain(key(&k), "t", None, LEASE).await,
             Ok(Claim::Acquired),
             "{i}: {:?}",
             store.stats()
@@ -121,7 +122,7 @@ async fn a_store_full_of_live_claims_fails_closed_replays_and_recovers() {
     }
     assert!(store.stats().expired > 0);
     assert_eq!(
-        store.claim(key("done"), "u", None, LEASE).await,
+        store.claim_plain(key("done"), "u", None, LEASE).await,
         Ok(Claim::Completed(b"result".to_vec()))
     );
 }
@@ -159,7 +160,7 @@ async fn under_pressure_old_records_go_counted_and_redeliveries_within_the_floor
         async move {
             let token = format!("t{id}");
             let k = id.to_string();
-            match store.claim(key(&k), &token, None, LEASE).await? {
+            match store.claim_plain(key(&k), &token, None, LEASE).await? {
                 Claim::Acquired => {
                     ran.fetch_add(1, Ordering::Relaxed);
                     store
@@ -228,7 +229,10 @@ async fn a_bound_too_small_for_one_record_says_so() {
         scope: "tests.memory_store_bound.tiny",
         key: "k",
     };
-    match store.claim(key, "t", None, Duration::from_secs(30)).await {
+    match store
+        .claim_plain(key, "t", None, Duration::from_secs(30))
+        .await
+    {
         Err(Error::Store(msg)) => {
             assert!(msg.contains("bound too small"), "{msg}");
             assert!(msg.contains("max_bytes"), "{msg}");

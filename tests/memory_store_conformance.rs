@@ -1,36 +1,10 @@
-//! `MemoryStore` through the store conformance suite (`jobguard_testkit::conformance`): the same
-//! checks as a single `redis-server` and a Redis Cluster, on the real clock. The memory store
-//! cannot show a server's view (`PTTL`, `KEYS`), so those parts are skipped.
+//! `MemoryStore` through the store conformance suite (`jobguard::testing::check_store`): the
+//! same checks as a single `redis-server`, a Redis Cluster and `PgStore`, on the real clock. The
+//! memory store cannot show a server's view (`PTTL`, `KEYS`), so those parts are skipped.
 
-use jobguard_testkit::conformance;
-use jobguard_testkit::store_conformance;
+use jobguard::MemoryStore;
 
-use conformance::Backend;
-use jobguard::{MemoryStore, StoreKey};
-
-/// A fresh `MemoryStore`.
-struct Memory(MemoryStore);
-
-impl Backend for Memory {
-    type Store = MemoryStore;
-
-    fn store(&self) -> MemoryStore {
-        self.0.clone()
-    }
-
-    async fn pttl(&self, _: StoreKey<'_>) -> Option<i64> {
-        None
-    }
-
-    async fn keys(&self) -> Option<Vec<String>> {
-        None
-    }
-
-    async fn clear(&self) {}
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_store_conformance_suite_passes_in_memory() {
+    jobguard::testing::check_store(|| async { MemoryStore::new() }).await;
 }
-
-async fn memory() -> Option<Memory> {
-    Some(Memory(MemoryStore::new()))
-}
-
-store_conformance!(memory());

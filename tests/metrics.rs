@@ -256,7 +256,7 @@ async fn a_letter_the_sink_refuses_is_counted_as_lost_once_by_job() {
     };
     let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
     assert!(matches!(
-        store.claim_with(key, "dead worker", options).await,
+        store.claim(key, "dead worker", options).await,
         Ok(Claimed::Acquired { .. })
     ));
     tokio::time::advance(Duration::from_secs(5)).await;

@@ -6,11 +6,12 @@
 //! round trips each transactional form sends, counted by a proxy between the client and the
 //! server.
 
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::pg_job::{JobError, effects, pool};
 use jobguard_testkit::postgres;
 
+use jobguard::StoreKey;
 use jobguard::store::postgres::PgStore;
-use jobguard::{Claim, Store, StoreKey};
 use postgres::PgServer;
 use sqlx::postgres::PgPool;
 use sqlx::{Connection, PgConnection};
@@ -117,7 +118,9 @@ async fn a_run_commits_and_replays_and_a_failing_body_leaves_nothing() {
         key: "k1",
     };
     assert_eq!(
-        store.claim(k1, "t", None, Duration::from_secs(5)).await,
+        store
+            .claim_plain(k1, "t", None, Duration::from_secs(5))
+            .await,
         Ok(Claim::Completed(
             format!("{{\"v\":1,\"ok\":{first}}}").into_bytes()
         ))
@@ -223,7 +226,7 @@ async fn store_claims_fingerprints_and_a_connection_inside_a_transaction() {
     // A live claim of the Store form: in progress, and the body does not run.
     let held = |key| StoreKey { scope: SCOPE, key };
     store
-        .claim(held("held"), "t", None, Duration::from_secs(60))
+        .claim_plain(held("held"), "t", None, Duration::from_secs(60))
         .await
         .unwrap();
     let ran = AtomicBool::new(false);
@@ -256,7 +259,7 @@ async fn store_claims_fingerprints_and_a_connection_inside_a_transaction() {
     );
     assert_eq!(
         store
-            .claim(held("expired"), "v", None, Duration::from_secs(5))
+            .claim_plain(held("expired"), "v", None, Duration::from_secs(5))
             .await,
         Ok(Claim::Completed(b"{\"v\":1,\"ok\":7}".to_vec()))
     );
@@ -298,7 +301,7 @@ async fn quotes_backslashes_long_keys_and_nul_bytes_are_claimed_as_the_store_for
             assert_eq!(stored, key.len());
             // The Store form finds the row under the same (scope, key).
             let claim = store
-                .claim(StoreKey { scope, key }, "t", None, Duration::from_secs(5))
+                .claim_plain(StoreKey { scope, key }, "t", None, Duration::from_secs(5))
                 .await;
             assert_eq!(
                 claim,

@@ -1,17 +1,18 @@
-//! `PgStore` through the store conformance suite (`jobguard_testkit::conformance`): the same
+//! `PgStore` through the store conformance suite (`jobguard::testing::check_backend`): the same
 //! checks as `MemoryStore`, a single `redis-server` and a Redis Cluster, on one private
 //! `postgres` (each check starts from an empty table). The time left on a record is read from
 //! its `expires_at`; the key listing is Redis's naming and is skipped here.
 
 use jobguard::store::postgres::PgStore;
+use jobguard::testing::Backend;
 use jobguard::{Store as _, StoreKey};
-use jobguard_testkit::conformance::{self, Backend};
 use jobguard_testkit::postgres::PgServer;
 use sqlx::Row;
+use std::sync::Arc;
 
 /// A `PgStore` on a private server, kept up for as long as the backend lives.
 struct Postgres {
-    _server: PgServer,
+    _server: Arc<PgServer>,
     store: PgStore,
 }
 
@@ -37,17 +38,6 @@ impl Backend for Postgres {
         // A lapsed row is as good as absent, as Redis would have dropped it.
         Some(left.filter(|ms| *ms > 0).unwrap_or(-2))
     }
-
-    async fn keys(&self) -> Option<Vec<String>> {
-        None
-    }
-
-    async fn clear(&self) {
-        sqlx::query("TRUNCATE jobguard_keys")
-            .execute(self.store.pool())
-            .await
-            .expect("truncate");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -66,9 +56,16 @@ async fn the_store_conformance_suite_passes_on_postgres() {
         .release(probe, "nobody")
         .await
         .expect("a release of a free key is a no-op");
-    let backend = Postgres {
-        _server: server,
-        store,
-    };
-    conformance::run_all(&backend).await;
+    let server = Arc::new(server);
+    jobguard::testing::check_backend(|| async {
+        sqlx::query("TRUNCATE jobguard_keys")
+            .execute(store.pool())
+            .await
+            .expect("truncate");
+        Postgres {
+            _server: server.clone(),
+            store: store.clone(),
+        }
+    })
+    .await;
 }

@@ -1,11 +1,12 @@
 //! Postgres going away: stopped before or while a job runs, the job fails closed with
 //! `Error::Store` and leaves no effect; restarted, the same store and pool work again.
 
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::{pg_job::make_effects, postgres};
 
 use jobguard::idempotency::Idempotent;
 use jobguard::store::postgres::PgStore;
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::{Error, StoreKey};
 use postgres::PgServer;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -37,7 +38,7 @@ async fn a_stopped_database_fails_closed_and_the_same_store_works_once_it_is_bac
     assert!(matches!(down, Err(Error::Store(_))), "{down:?}");
     assert_eq!(ran.load(Ordering::Relaxed), 1, "the body did not run");
     let claim = store
-        .claim(
+        .claim_plain(
             StoreKey {
                 scope: "s",
                 key: "k",
@@ -110,7 +111,7 @@ async fn a_database_stopped_inside_the_transaction_leaves_no_effect_and_no_key()
     assert_eq!(count("SELECT count(*) FROM effects").await, 1);
     assert_eq!(
         store
-            .claim(
+            .claim_plain(
                 StoreKey {
                     scope: "tests.faults",
                     key: "k"

@@ -6,11 +6,12 @@
 //! Where a lease must lapse it is short (300 ms), and the tests poll the database with a
 //! deadline rather than sleep for a guessed time.
 
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::pg_job;
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::PgStore;
-use jobguard::{Claim, ClaimOptions, Claimed, Error, Store, StoreKey};
+use jobguard::{ClaimOptions, Claimed, Error, Store, StoreKey};
 use postgres::PgServer;
 use sqlx::Row;
 use std::time::{Duration, Instant};
@@ -74,8 +75,11 @@ async fn a_claim_is_exclusive_and_a_completed_record_replays() {
     };
     let store = connect(&server).await;
     let k = key("order-A");
-    assert_eq!(store.claim(k, "t1", None, LONG).await, Ok(Claim::Acquired));
-    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "t2", None, LONG).await else {
+    assert_eq!(
+        store.claim_plain(k, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
+    let Ok(Claim::InProgress { retry_in }) = store.claim_plain(k, "t2", None, LONG).await else {
         panic!("a second claim must find the first in progress");
     };
     assert!(
@@ -87,7 +91,7 @@ async fn a_claim_is_exclusive_and_a_completed_record_replays() {
         .await
         .unwrap();
     assert_eq!(
-        store.claim(k, "t3", None, LONG).await,
+        store.claim_plain(k, "t3", None, LONG).await,
         Ok(Claim::Completed(br#"{"v":1,"ok":7}"#.to_vec()))
     );
     let left = left_us(&store, k).await.unwrap();
@@ -101,7 +105,10 @@ async fn release_frees_the_key_only_for_its_holder() {
     };
     let store = connect(&server).await;
     let k = key("k");
-    assert_eq!(store.claim(k, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     for other in ["intruder", "t", "t1:", "t10", ""] {
         store.release(k, other).await.unwrap();
         assert_eq!(store.renew(k, other, LONG).await, Err(Error::LeaseLost));
@@ -111,7 +118,7 @@ async fn release_frees_the_key_only_for_its_holder() {
         );
     }
     assert!(matches!(
-        store.claim(k, "t2", None, LONG).await,
+        store.claim_plain(k, "t2", None, LONG).await,
         Ok(Claim::InProgress { .. })
     ));
     store.release(k, "t1").await.unwrap();
@@ -120,7 +127,10 @@ async fn release_frees_the_key_only_for_its_holder() {
         .await
         .expect("the row keeps the key's history");
     assert!(left > 86_000_000_000, "until the claim's TTL: {left} µs");
-    assert_eq!(store.claim(k, "t2", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t2", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.release(key("never-claimed"), "t").await.unwrap();
 }
 
@@ -131,7 +141,10 @@ async fn renew_extends_the_lease_only_for_its_holder() {
     };
     let store = connect(&server).await;
     let k = key("k");
-    assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t1", None, SHORT).await,
+        Ok(Claim::Acquired)
+    );
     assert!(lease_left_us(&store, k).await.unwrap() <= 300_000);
     store.renew(k, "t1", LONG).await.unwrap();
     assert!(lease_left_us(&store, k).await.unwrap() > 59_000_000);
@@ -150,7 +163,7 @@ async fn renew_extends_the_lease_only_for_its_holder() {
 async fn claim_when_free(store: &PgStore, k: StoreKey<'_>, within: Duration) -> Instant {
     let deadline = Instant::now() + within;
     loop {
-        match store.claim(k, "successor", None, LONG).await {
+        match store.claim_plain(k, "successor", None, LONG).await {
             Ok(Claim::Acquired) => return Instant::now(),
             Ok(Claim::InProgress { retry_in }) => {
                 assert!(Instant::now() < deadline, "still held after {within:?}");
@@ -175,8 +188,11 @@ async fn a_lease_lapses_after_its_duration_and_not_before() {
     let store = connect(&server).await;
     let k = key("k");
     let before = Instant::now();
-    assert_eq!(store.claim(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
-    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "t2", None, SHORT).await else {
+    assert_eq!(
+        store.claim_plain(k, "t1", None, SHORT).await,
+        Ok(Claim::Acquired)
+    );
+    let Ok(Claim::InProgress { retry_in }) = store.claim_plain(k, "t2", None, SHORT).await else {
         panic!("held");
     };
     assert!(
@@ -190,7 +206,7 @@ async fn a_lease_lapses_after_its_duration_and_not_before() {
     // A completed record expires after its TTL the same way.
     store.complete(k, "successor", b"r", SHORT).await.unwrap();
     assert_eq!(
-        store.claim(k, "reader", None, LONG).await,
+        store.claim_plain(k, "reader", None, LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
     claim_when_free(&store, k, Duration::from_secs(5)).await;
@@ -204,7 +220,7 @@ async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_cla
     let store = connect(&server).await;
     let k = key("k");
     assert_eq!(
-        store.claim(k, "stale", None, SHORT).await,
+        store.claim_plain(k, "stale", None, SHORT).await,
         Ok(Claim::Acquired)
     );
     claim_when_free(&store, k, Duration::from_secs(5)).await; // "successor" holds it now
@@ -215,7 +231,7 @@ async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_cla
     assert_eq!(store.renew(k, "stale", DAY).await, Err(Error::LeaseLost));
     store.release(k, "stale").await.unwrap();
     assert!(matches!(
-        store.claim(k, "third", None, LONG).await,
+        store.claim_plain(k, "third", None, LONG).await,
         Ok(Claim::InProgress { .. })
     ));
     assert!(lease_left_us(&store, k).await.unwrap() > 59_000_000);
@@ -233,14 +249,14 @@ async fn a_stale_token_can_neither_complete_release_nor_renew_its_successors_cla
         store.release(k, token).await.unwrap();
     }
     assert_eq!(
-        store.claim(k, "reader", None, LONG).await,
+        store.claim_plain(k, "reader", None, LONG).await,
         Ok(Claim::Completed(b"result".to_vec()))
     );
     // A claim whose lease lapsed, taken over by nobody, cannot be completed by its holder.
     let lapsed = key("lapsed");
     assert_eq!(
         store
-            .claim(lapsed, "slow", None, Duration::from_millis(1))
+            .claim_plain(lapsed, "slow", None, Duration::from_millis(1))
             .await,
         Ok(Claim::Acquired)
     );
@@ -263,48 +279,51 @@ async fn a_differing_fingerprint_is_key_reused_and_a_missing_one_never_mismatche
     let store = connect(&server).await;
     let k = key("k");
     assert_eq!(
-        store.claim(k, "t1", Some("fp-a"), LONG).await,
+        store.claim_plain(k, "t1", Some("fp-a"), LONG).await,
         Ok(Claim::Acquired)
     );
     assert_eq!(
-        store.claim(k, "t2", Some("fp-b"), LONG).await,
+        store.claim_plain(k, "t2", Some("fp-b"), LONG).await,
         Ok(Claim::KeyReused)
     );
     assert!(matches!(
-        store.claim(k, "t2", Some("fp-a"), LONG).await,
+        store.claim_plain(k, "t2", Some("fp-a"), LONG).await,
         Ok(Claim::InProgress { .. })
     ));
     assert!(matches!(
-        store.claim(k, "t2", None, LONG).await,
+        store.claim_plain(k, "t2", None, LONG).await,
         Ok(Claim::InProgress { .. })
     ));
     store.complete(k, "t1", b"r", DAY).await.unwrap();
     assert_eq!(
-        store.claim(k, "t2", Some("fp-b"), LONG).await,
+        store.claim_plain(k, "t2", Some("fp-b"), LONG).await,
         Ok(Claim::KeyReused)
     );
     assert_eq!(
-        store.claim(k, "t2", Some("fp-a"), LONG).await,
+        store.claim_plain(k, "t2", Some("fp-a"), LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
     assert_eq!(
-        store.claim(k, "t2", None, LONG).await,
+        store.claim_plain(k, "t2", None, LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
     let n = key("no-fp");
-    assert_eq!(store.claim(n, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(n, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.complete(n, "t1", b"r", DAY).await.unwrap();
     assert_eq!(
-        store.claim(n, "t2", Some("fp-z"), LONG).await,
+        store.claim_plain(n, "t2", Some("fp-z"), LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
     let e = key("empty-fp");
     assert_eq!(
-        store.claim(e, "t1", Some(""), LONG).await,
+        store.claim_plain(e, "t1", Some(""), LONG).await,
         Ok(Claim::Acquired)
     );
     assert_eq!(
-        store.claim(e, "t2", Some("x"), LONG).await,
+        store.claim_plain(e, "t2", Some("x"), LONG).await,
         Ok(Claim::KeyReused)
     );
 }
@@ -322,7 +341,7 @@ async fn racing_claims_of_one_key_acquire_it_exactly_once() {
             let (store, name) = (store.clone(), name.clone());
             tasks.push(tokio::spawn(async move {
                 store
-                    .claim(key(&name), &format!("t{t}"), None, LONG)
+                    .claim_plain(key(&name), &format!("t{t}"), None, LONG)
                     .await
                     .unwrap()
             }));
@@ -371,7 +390,7 @@ async fn keys_scopes_and_results_of_any_size_and_bytes_are_stored_intact() {
     for (scope, k) in &pairs {
         let k = StoreKey { scope, key: k };
         assert_eq!(
-            store.claim(k, "t", None, LONG).await,
+            store.claim_plain(k, "t", None, LONG).await,
             Ok(Claim::Acquired),
             "{k:?}"
         );
@@ -387,19 +406,21 @@ async fn keys_scopes_and_results_of_any_size_and_bytes_are_stored_intact() {
     }
     for (i, (scope, k)) in pairs.iter().enumerate() {
         let k = StoreKey { scope, key: k };
-        let Ok(Claim::Completed(got)) = store.claim(k, "u", None, LONG).await else {
+        let Ok(Claim::Completed(got)) = store.claim_plain(k, "u", None, LONG).await else {
             panic!("{k:?} not completed");
         };
         assert_eq!(got.len(), result.len() + i.to_string().len());
         assert!(got.starts_with(&result) && got.ends_with(i.to_string().as_bytes()));
     }
     // A token or fingerprint with a NUL byte is refused in words, and nothing is written.
-    let refused = store.claim(key("fresh"), "t\0", None, LONG).await;
+    let refused = store.claim_plain(key("fresh"), "t\0", None, LONG).await;
     assert!(
         matches!(&refused, Err(Error::Store(m)) if m.contains("0x00")),
         "{refused:?}"
     );
-    let refused = store.claim(key("fresh"), "t", Some("f\0"), LONG).await;
+    let refused = store
+        .claim_plain(key("fresh"), "t", Some("f\0"), LONG)
+        .await;
     assert!(matches!(refused, Err(Error::Store(_))), "{refused:?}");
     assert_eq!(left_us(&store, key("fresh")).await, None);
 }
@@ -410,7 +431,7 @@ async fn migrate_is_idempotent_and_a_missing_table_says_to_run_it() {
         return;
     };
     let store = PgStore::connect(&server.url()).await.unwrap();
-    let missing = store.claim(key("k"), "t", None, LONG).await;
+    let missing = store.claim_plain(key("k"), "t", None, LONG).await;
     assert!(
         matches!(&missing, Err(Error::Store(m)) if m.contains("PgStore::migrate")),
         "{missing:?}"
@@ -426,7 +447,7 @@ async fn migrate_is_idempotent_and_a_missing_table_says_to_run_it() {
     }
     store.migrate().await.unwrap();
     assert_eq!(
-        store.claim(key("k"), "t", None, LONG).await,
+        store.claim_plain(key("k"), "t", None, LONG).await,
         Ok(Claim::Acquired)
     );
     // The claim is one primary-key lookup, the purge one range scan of the expiry index.
@@ -468,20 +489,20 @@ async fn purge_deletes_expired_completed_rows_in_batches_and_nothing_else() {
     .await
     .unwrap();
     let live = key("live");
-    store.claim(live, "t", None, LONG).await.unwrap();
+    store.claim_plain(live, "t", None, LONG).await.unwrap();
     store.complete(live, "t", b"r", DAY).await.unwrap();
     let held = key("held");
-    store.claim(held, "t", None, LONG).await.unwrap();
+    store.claim_plain(held, "t", None, LONG).await.unwrap();
     let lapsed = key("lapsed-claim");
     store
-        .claim(lapsed, "t", None, Duration::from_millis(1))
+        .claim_plain(lapsed, "t", None, Duration::from_millis(1))
         .await
         .unwrap();
     assert_eq!(store.purge_expired().await, Ok(2500));
     assert_eq!(rows(&store).await, 3, "live results and claims stay");
     assert_eq!(store.purge_expired().await, Ok(0));
     assert_eq!(
-        store.claim(live, "u", None, LONG).await,
+        store.claim_plain(live, "u", None, LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
 }
@@ -494,11 +515,11 @@ async fn a_clone_shares_the_pool_and_an_unreachable_url_is_a_store_error() {
     let store = connect(&server).await;
     let copy = store.clone();
     assert_eq!(
-        store.claim(key("k"), "t", None, LONG).await,
+        store.claim_plain(key("k"), "t", None, LONG).await,
         Ok(Claim::Acquired)
     );
     assert!(matches!(
-        copy.claim(key("k"), "u", None, LONG).await,
+        copy.claim_plain(key("k"), "u", None, LONG).await,
         Ok(Claim::InProgress { .. })
     ));
     let port = server.port();
@@ -621,12 +642,11 @@ async fn migrate_upgrades_a_table_made_before_crash_counting_and_reads_its_rows(
 
     let options = ClaimOptions::new(LONG).fingerprint(Some("fp"));
     assert_eq!(
-        store.claim_with(key("done"), "t", options).await,
+        store.claim(key("done"), "t", options).await,
         Ok(Claimed::Completed(b"{}".to_vec()))
     );
     // An old claim's lease is its row's expiry: live until then, its holder's to complete.
-    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(key("held"), "t", options).await
-    else {
+    let Ok(Claimed::InProgress { retry_in }) = store.claim(key("held"), "t", options).await else {
         panic!("an old claim is in progress");
     };
     assert!(retry_in > Duration::from_secs(50), "{retry_in:?}");
@@ -640,7 +660,7 @@ async fn migrate_upgrades_a_table_made_before_crash_counting_and_reads_its_rows(
         .expect("the old holder completes");
     // A claim whose row expired is free: a new generation, its crash not counted.
     assert_eq!(
-        store.claim_with(key("lapsed"), "t", options).await,
+        store.claim(key("lapsed"), "t", options).await,
         Ok(Claimed::Acquired {
             generation: 1,
             crashes: 0
@@ -669,7 +689,7 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
     let k = key("rolling");
     let options = ClaimOptions::new(LONG);
     assert_eq!(
-        store.claim_with(k, "new-token", options).await,
+        store.claim(k, "new-token", options).await,
         Ok(Claimed::Acquired {
             generation: 1,
             crashes: 0
@@ -699,7 +719,7 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
     let lease = lease_left_us(&store, k).await.expect("a row");
     assert!(lease > 50_000_000, "its lease is its expiry: {lease} µs");
     // This build sees that claim as held, not as abandoned: no second holder, no crash.
-    let Ok(Claimed::InProgress { retry_in }) = store.claim_with(k, "t", options).await else {
+    let Ok(Claimed::InProgress { retry_in }) = store.claim(k, "t", options).await else {
         panic!("the earlier build's claim is in progress");
     };
     assert!(retry_in > Duration::from_secs(50), "{retry_in:?}");
@@ -708,7 +728,7 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
         .await
         .expect("the earlier build's holder completes");
     assert_eq!(
-        store.claim_with(k, "t", options).await,
+        store.claim(k, "t", options).await,
         Ok(Claimed::Completed(b"r".to_vec()))
     );
 }

@@ -3,11 +3,12 @@
 //! the key's row, 200 keys delivered 8 times each from 4 processes, a worker killed between its
 //! effect and its commit, and a deadlock retried in a savepoint.
 
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::pg_job::{self, JobError, effects, pool};
 use jobguard_testkit::postgres;
 
 use jobguard::store::postgres::{PgStore, savepoint};
-use jobguard::{Claim, ClaimOptions, Claimed, Policy, Store, StoreKey};
+use jobguard::{ClaimOptions, Claimed, Policy, Store, StoreKey};
 use jobguard_testkit::redis::rerun_test;
 use postgres::PgServer;
 use sqlx::postgres::PgPool;
@@ -91,7 +92,7 @@ async fn a_committed_run_replays_and_a_rolled_back_one_runs_again() {
     // The committed result is the Store form's record too.
     assert_eq!(
         store
-            .claim(
+            .claim_plain(
                 StoreKey {
                     scope: SCOPE,
                     key: "k1"
@@ -169,7 +170,7 @@ async fn fingerprints_store_claims_and_a_connection_outside_a_transaction_gets_i
         key: "held",
     };
     store
-        .claim(held, "t", None, Duration::from_secs(60))
+        .claim_plain(held, "t", None, Duration::from_secs(60))
         .await
         .unwrap();
     let mut tx = pool.begin().await.unwrap();
@@ -529,7 +530,7 @@ async fn a_store_claim_that_lapsed_and_was_taken_over_in_a_transaction_replays_i
     };
     let lease = Duration::from_secs(60);
     assert!(matches!(
-        store.claim_with(k, "dead", ClaimOptions::new(lease)).await,
+        store.claim(k, "dead", ClaimOptions::new(lease)).await,
         Ok(Claimed::Acquired { .. })
     ));
     // Its worker died: its lease and its row lapse (moved into the past, not waited for).
@@ -537,7 +538,7 @@ async fn a_store_claim_that_lapsed_and_was_taken_over_in_a_transaction_replays_i
     // A delivery in a transaction takes the row over and commits its result ...
     deliver(&pool, "abandoned", "tx").await.unwrap();
     // ... which the store form replays, instead of reading the old lease as a lapsed claim.
-    let replay = store.claim(k, "t", None, lease).await;
+    let replay = store.claim_plain(k, "t", None, lease).await;
     assert!(matches!(replay, Ok(Claim::Completed(_))), "{replay:?}");
     assert_eq!(effects(&pool, "abandoned").await, 1);
 }
@@ -555,7 +556,7 @@ async fn a_store_claim_whose_lease_lapsed_is_taken_over_in_a_transaction_before_
     for (key, begin) in [("lapsed.in", false), ("lapsed.begin", true)] {
         let k = StoreKey { scope: SCOPE, key };
         let lease = Duration::from_millis(100);
-        let claimed = store.claim_with(k, "dead", ClaimOptions::new(lease)).await;
+        let claimed = store.claim(k, "dead", ClaimOptions::new(lease)).await;
         assert!(
             matches!(claimed, Ok(Claimed::Acquired { generation: 1, .. })),
             "{claimed:?}"
@@ -606,7 +607,7 @@ async fn a_store_claim_whose_lease_lapsed_is_taken_over_in_a_transaction_before_
                 .await,
             Err(jobguard::Error::LeaseLost)
         );
-        let replay = store.claim(k, "t", None, lease).await;
+        let replay = store.claim_plain(k, "t", None, lease).await;
         assert!(
             matches!(replay, Ok(Claim::Completed(_))),
             "{key}: {replay:?}"

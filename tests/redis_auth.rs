@@ -2,7 +2,8 @@
 //! an ACL user limited to the store's keys (`redis://USER:PASSWORD@host/`).
 
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Error, Store, StoreKey};
 use jobguard_testkit::redis::{Options, RedisServer};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ async fn fails_to_authenticate(url: &str) {
         Err(Error::Store(_)) => {}
         Err(other) => panic!("{url}: {other:?}"),
         Ok(store) => {
-            let got = store.claim(key("k"), "t", None, LEASE).await;
+            let got = store.claim_plain(key("k"), "t", None, LEASE).await;
             assert!(matches!(got, Err(Error::Store(_))), "{url}: {got:?}");
         }
     }
@@ -39,7 +40,7 @@ async fn a_password_in_the_url_authenticates_and_a_wrong_or_missing_one_fails() 
     assert!(url.starts_with("redis://:s3cret-pw@127.0.0.1:"), "{url}");
     let store = RedisStore::connect(&url).await.unwrap();
     assert_eq!(
-        store.claim(key("k"), "t", None, LEASE).await,
+        store.claim_plain(key("k"), "t", None, LEASE).await,
         Ok(Claim::Acquired)
     );
 
@@ -62,11 +63,14 @@ async fn an_acl_user_limited_to_jobguard_keys_runs_the_store() {
     let url = format!("redis://jobs:jobs-pw@127.0.0.1:{}/", server.port());
     let store = RedisStore::connect(&url).await.unwrap();
     let k = key("k");
-    assert_eq!(store.claim(k, "t", None, LEASE).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t", None, LEASE).await,
+        Ok(Claim::Acquired)
+    );
     store.renew(k, "t", LEASE).await.unwrap();
     store.complete(k, "t", b"r", LEASE).await.unwrap();
     assert_eq!(
-        store.claim(k, "u", None, LEASE).await,
+        store.claim_plain(k, "u", None, LEASE).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
     // The user really is limited: a key outside the store's prefix is refused.

@@ -2,8 +2,9 @@
 //! of this test binary), 8 claimers each: exactly one claimer wins each of 200 keys. (The same
 //! race within one process is in the store conformance suite, run by `tests/redis_store.rs`.)
 
+use jobguard::StoreKey;
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -38,7 +39,7 @@ async fn race(store: &RedisStore, tag: &str) -> Vec<(String, usize)> {
                     scope: SCOPE,
                     key: &key,
                 };
-                match store.claim(key, &token, None, LEASE).await {
+                match store.claim_plain(key, &token, None, LEASE).await {
                     Ok(Claim::Acquired) => won.push((token.clone(), k)),
                     Ok(Claim::InProgress { .. }) => {}
                     other => panic!("claim of {k}: {other:?}"),

@@ -6,7 +6,8 @@
 //! Real clock: the lease lives in the server. Waits poll the server with a deadline.
 
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Error, Store, StoreKey};
 use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -32,7 +33,7 @@ async fn a_stopped_server_fails_every_call_closed_and_a_restarted_one_is_used_ag
     };
     let store = RedisStore::connect(&server.url()).await.unwrap();
     assert_eq!(
-        store.claim(key("before"), "t", None, LONG).await,
+        store.claim_plain(key("before"), "t", None, LONG).await,
         Ok(Claim::Acquired)
     );
 
@@ -40,7 +41,7 @@ async fn a_stopped_server_fails_every_call_closed_and_a_restarted_one_is_used_ag
     for i in 0..20 {
         let k = format!("down-{i}");
         let started = Instant::now();
-        let got = store.claim(key(&k), "t", None, LONG).await;
+        let got = store.claim_plain(key(&k), "t", None, LONG).await;
         assert!(matches!(got, Err(Error::Store(_))), "claim {i}: {got:?}");
         assert!(
             started.elapsed() < Duration::from_secs(5),
@@ -67,7 +68,7 @@ async fn a_stopped_server_fails_every_call_closed_and_a_restarted_one_is_used_ag
     let deadline = Instant::now() + Duration::from_secs(15);
     let k = key("after");
     loop {
-        match store.claim(k, "t", None, LONG).await {
+        match store.claim_plain(k, "t", None, LONG).await {
             Ok(Claim::Acquired) => break,
             Err(Error::Store(e)) => {
                 assert!(Instant::now() < deadline, "no recovery within 15s: {e}");
@@ -78,7 +79,7 @@ async fn a_stopped_server_fails_every_call_closed_and_a_restarted_one_is_used_ag
     }
     store.complete(k, "t", b"r", DAY).await.unwrap();
     assert_eq!(
-        store.claim(k, "u", None, LONG).await,
+        store.claim_plain(k, "u", None, LONG).await,
         Ok(Claim::Completed(b"r".to_vec()))
     );
 }
@@ -130,7 +131,8 @@ async fn a_sigkilled_worker_blocks_its_key_for_one_lease_and_not_before() {
     // claim's TTL, so that the lapsed claim is found and counted: the lease's end is in the
     // record, and a claim reports the time left on it, on the server's clock.)
     let measured_at = Instant::now();
-    let Ok(Claim::InProgress { retry_in: left }) = store.claim(k, "successor", None, LONG).await
+    let Ok(Claim::InProgress { retry_in: left }) =
+        store.claim_plain(k, "successor", None, LONG).await
     else {
         panic!("the killed worker's key must still be in progress");
     };
@@ -138,7 +140,8 @@ async fn a_sigkilled_worker_blocks_its_key_for_one_lease_and_not_before() {
         left > Duration::ZERO && left <= KILLED_LEASE,
         "{left:?} left on the lease after the kill"
     );
-    let Ok(Claim::InProgress { retry_in }) = store.claim(k, "successor", None, LONG).await else {
+    let Ok(Claim::InProgress { retry_in }) = store.claim_plain(k, "successor", None, LONG).await
+    else {
         panic!("the killed worker's key must still be in progress");
     };
     assert!(retry_in <= left, "{retry_in:?} > {left:?}");
@@ -146,7 +149,7 @@ async fn a_sigkilled_worker_blocks_its_key_for_one_lease_and_not_before() {
     // Free once the lease runs out, and not before.
     let deadline = killed_at + KILLED_LEASE + Duration::from_secs(2);
     let acquired_at = loop {
-        match store.claim(k, "successor", None, LONG).await {
+        match store.claim_plain(k, "successor", None, LONG).await {
             Ok(Claim::Acquired) => break Instant::now(),
             Ok(Claim::InProgress { retry_in }) => {
                 assert!(Instant::now() < deadline, "still held after the lease");
@@ -187,7 +190,7 @@ fn sigkilled_holder() {
         let store = RedisStore::connect(&url).await.expect("connect");
         let k = key("killed");
         assert_eq!(
-            store.claim(k, "doomed", None, KILLED_LEASE).await,
+            store.claim_plain(k, "doomed", None, KILLED_LEASE).await,
             Ok(Claim::Acquired)
         );
         println!("{MARK} claimed");

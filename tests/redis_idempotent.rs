@@ -5,8 +5,9 @@
 //!
 //! Real clock: the lease lives in the server. Waits poll with a deadline.
 
+use jobguard::Error;
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Error, Store as _};
+use jobguard::testing::{Claim, PlainClaim};
 use jobguard_testkit::redis::{RedisServer, rerun_test};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -275,7 +276,7 @@ async fn a_sigkilled_job_blocks_its_key_for_one_lease_and_not_before() {
     // the claim's TTL, so that a lapsed claim is found and counted; the lease's end is in the
     // record.) A probe's claim of a live claim changes nothing.
     let lease_left = async |store: &RedisStore| -> Duration {
-        match store.claim(k, "probe", None, KILLED_LEASE).await {
+        match store.claim_plain(k, "probe", None, KILLED_LEASE).await {
             Ok(Claim::InProgress { retry_in }) => retry_in,
             other => panic!("the running job lost its claim: {other:?}"),
         }

@@ -3,7 +3,8 @@
 //! client finds its trusted roots) for the process.
 
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Error, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Error, Store, StoreKey};
 use jobguard_testkit::redis::{Options, RedisServer, TlsFiles};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use std::path::Path;
@@ -71,10 +72,13 @@ fn a_rediss_url_connects_over_tls_and_verifies_the_server() {
             key: "k",
         };
         let lease = Duration::from_secs(60);
-        assert_eq!(store.claim(k, "t", None, lease).await, Ok(Claim::Acquired));
+        assert_eq!(
+            store.claim_plain(k, "t", None, lease).await,
+            Ok(Claim::Acquired)
+        );
         store.complete(k, "t", b"over tls", lease).await.unwrap();
         assert_eq!(
-            store.claim(k, "u", None, lease).await,
+            store.claim_plain(k, "u", None, lease).await,
             Ok(Claim::Completed(b"over tls".to_vec()))
         );
     });

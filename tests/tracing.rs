@@ -407,7 +407,7 @@ async fn a_crash_letter_the_sink_did_not_take_is_logged_whole() {
     };
     let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
     assert!(matches!(
-        store.claim_with(key, "dead worker", options).await,
+        store.claim(key, "dead worker", options).await,
         Ok(Claimed::Acquired { .. })
     ));
     tokio::time::advance(Duration::from_secs(5)).await;
@@ -454,7 +454,7 @@ async fn a_takeover_of_a_dead_worker_s_claim_and_a_poison_letter_are_said_with_j
     };
     let options = ClaimOptions::new(Duration::from_secs(5)).crashes(3);
     assert!(matches!(
-        store.claim_with(key, "dead worker", options).await,
+        store.claim(key, "dead worker", options).await,
         Ok(Claimed::Acquired { .. })
     ));
     tokio::time::advance(Duration::from_secs(5)).await;
@@ -481,7 +481,7 @@ async fn a_takeover_of_a_dead_worker_s_claim_and_a_poison_letter_are_said_with_j
     };
     let options = ClaimOptions::new(Duration::from_secs(5)).crashes(1);
     assert!(matches!(
-        store.claim_with(key, "dead worker", options).await,
+        store.claim(key, "dead worker", options).await,
         Ok(Claimed::Acquired { .. })
     ));
     tokio::time::advance(Duration::from_secs(5)).await;

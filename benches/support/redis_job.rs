@@ -3,7 +3,8 @@
 //! `#[path]`.
 
 use jobguard::store::redis::RedisStore;
-use jobguard::{Claim, Store, StoreKey};
+use jobguard::testing::{Claim, PlainClaim};
+use jobguard::{Store, StoreKey};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub async fn job(store: &RedisStore) {
         key: &key,
     };
     let claim = store
-        .claim(key, "token-0123456789abcdef", None, LEASE)
+        .claim_plain(key, "token-0123456789abcdef", None, LEASE)
         .await;
     assert_eq!(claim, Ok(Claim::Acquired));
     store

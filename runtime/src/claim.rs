@@ -34,6 +34,7 @@ pub(crate) enum Work {
     /// A job: it "succeeded", its "result" is stored, "another worker" may run it.
     Job,
     /// An HTTP request: it "was answered", its "response" is stored, "a repeat" may run it.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     Request,
 }
 
@@ -110,11 +111,7 @@ impl Session {
             lease: self.lease,
             ..options
         };
-        match self
-            .store
-            .claim(self.key(), &self.token, options)
-            .await
-        {
+        match self.store.claim(self.key(), &self.token, options).await {
             Ok(claimed) => Ok(claimed),
             Err(error) => {
                 let error = error.at_key(&self.scope, &self.key);

@@ -475,10 +475,10 @@ fn stored_scope(name: &str) -> Cow<'_, str> {
 /// let key = StoreKey { scope: "payments.charge", key: "order-A" };
 /// let lease = Duration::from_secs(30);
 /// let options = ClaimOptions::new(lease).crashes(1);
-/// store.claim_with(key, "worker-1", options).await?; // its process dies
+/// store.claim(key, "worker-1", options).await?; // its process dies
 /// tokio::time::advance(lease).await;
 /// assert!(matches!(
-///     store.claim_with(key, "worker-2", options).await?,
+///     store.claim(key, "worker-2", options).await?,
 ///     Claimed::Poisoned { crashes: 1, .. }
 /// ));
 ///
@@ -486,7 +486,7 @@ fn stored_scope(name: &str) -> Cow<'_, str> {
 /// assert!(jobguard::idempotency::forgive(&store, "payments::charge", "order-A").await?);
 /// // The next delivery runs the job, under a generation larger than the dead worker's.
 /// assert_eq!(
-///     store.claim_with(key, "worker-3", options).await?,
+///     store.claim(key, "worker-3", options).await?,
 ///     Claimed::Acquired { generation: 2, crashes: 0 }
 /// );
 /// // Nothing left to forgive while it runs.

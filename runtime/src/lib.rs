@@ -79,9 +79,6 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub mod idempotency;
-#[cfg(any(test, feature = "testing"))]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
-pub mod testing;
 pub mod jitter;
 pub mod observe;
 pub mod policy;
@@ -89,6 +86,9 @@ mod record;
 mod retry;
 pub mod runtime;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 pub use attempt::{Attempt, Delivery, attempt, fence};
 pub use breaker::{BreakerState, CircuitBreaker};

@@ -27,9 +27,9 @@
 //! [`PlainClaim`] and [`Claim`] are for tests that care what a claim found, not which claim it
 //! was.
 
+use crate::Error;
 use crate::idempotency::Idempotent;
 use crate::store::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
-use crate::Error;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -238,7 +238,10 @@ pub async fn a_lookup_reads_only_a_completed_record_and_claims_nothing<B: Backen
 
     // An empty result is a result.
     let e = key("looked-up-empty");
-    assert_eq!(store.claim_plain(e, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(e, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.complete(e, "t1", b"", DAY).await.unwrap();
     assert_eq!(store.lookup(e).await, Ok(Some(Vec::new())));
 
@@ -266,7 +269,10 @@ pub async fn a_lookup_reads_only_a_completed_record_and_claims_nothing<B: Backen
 pub async fn a_claim_is_exclusive_and_a_completed_record_replays<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("order-A");
-    assert_eq!(store.claim_plain(k, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     let Ok(Claim::InProgress { retry_in }) = store.claim_plain(k, "t2", None, LONG).await else {
         panic!("a second claim must find the first in progress");
     };
@@ -297,7 +303,10 @@ pub async fn a_claim_is_exclusive_and_a_completed_record_replays<B: Backend>(b: 
     // Binary records survive unchanged.
     let bk = key("binary");
     let bytes: Vec<u8> = (0..=255).collect();
-    assert_eq!(store.claim_plain(bk, "t", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(bk, "t", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.complete(bk, "t", &bytes, DAY).await.unwrap();
     assert_eq!(
         store.claim_plain(bk, "u", None, LONG).await,
@@ -310,7 +319,10 @@ pub async fn a_claim_is_exclusive_and_a_completed_record_replays<B: Backend>(b: 
 pub async fn release_frees_the_key_only_for_its_holder<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("k");
-    assert_eq!(store.claim_plain(k, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.release(k, "intruder").await.unwrap();
     // Nor a token that the holder's starts with, or one that starts with the holder's.
     for other in ["t", "t1:", "t10", ""] {
@@ -330,7 +342,10 @@ pub async fn release_frees_the_key_only_for_its_holder<B: Backend>(b: &B) {
         // The key is free, and keeps its history (generation, crash count) for the claim's TTL.
         assert!(pttl > 59_000, "{pttl}");
     }
-    assert_eq!(store.claim_plain(k, "t2", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t2", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     // Releasing a key nobody holds is not an error.
     store.release(key("never-claimed"), "t").await.unwrap();
 }
@@ -405,7 +420,10 @@ pub async fn a_lease_lapses_after_its_duration_and_not_before<B: Backend>(b: &B)
     let store = b.store();
     let k = key("k");
     let before = Instant::now();
-    assert_eq!(store.claim_plain(k, "t1", None, SHORT).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t1", None, SHORT).await,
+        Ok(Claim::Acquired)
+    );
     let Ok(Claim::InProgress { retry_in }) = store.claim_plain(k, "t2", None, SHORT).await else {
         panic!("held");
     };
@@ -516,7 +534,10 @@ pub async fn a_differing_fingerprint_is_key_reused_and_a_missing_one_never_misma
     );
     // A record stored without a fingerprint matches any.
     let n = key("no-fp");
-    assert_eq!(store.claim_plain(n, "t1", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(n, "t1", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.complete(n, "t1", b"r", DAY).await.unwrap();
     assert_eq!(
         store.claim_plain(n, "t2", Some("fp-z"), LONG).await,
@@ -861,7 +882,10 @@ pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backe
         Ok(Claimed::InProgress { .. })
     ));
     store.release(k, "t2").await.unwrap();
-    assert_eq!(store.claim_plain(k, "t3", None, LONG).await, Ok(Claim::Acquired));
+    assert_eq!(
+        store.claim_plain(k, "t3", None, LONG).await,
+        Ok(Claim::Acquired)
+    );
     store.release(k, "t3").await.unwrap();
     assert_eq!(store.claim(k, "t4", options).await, Ok(acquired(4, 0)));
     store.complete(k, "t4", b"r", DAY).await.unwrap();
@@ -872,19 +896,10 @@ pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backe
     // A fingerprint is checked against a live claim, not against a released key's history.
     let f = key("gen-fp");
     let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
-    assert_eq!(
-        store.claim(f, "a", with("x")).await,
-        Ok(acquired(1, 0))
-    );
-    assert_eq!(
-        store.claim(f, "b", with("y")).await,
-        Ok(Claimed::KeyReused)
-    );
+    assert_eq!(store.claim(f, "a", with("x")).await, Ok(acquired(1, 0)));
+    assert_eq!(store.claim(f, "b", with("y")).await, Ok(Claimed::KeyReused));
     store.release(f, "a").await.unwrap();
-    assert_eq!(
-        store.claim(f, "b", with("y")).await,
-        Ok(acquired(2, 0))
-    );
+    assert_eq!(store.claim(f, "b", with("y")).await, Ok(acquired(2, 0)));
 }
 
 /// A claim whose lease lapsed (its worker died) is taken over by the next claim and counted;
@@ -1229,10 +1244,7 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
 
     // Completed after a crash: untouched, and it replays.
     let done = key("forgive-done");
-    assert_eq!(
-        store.claim(done, "w1", options).await,
-        Ok(acquired(1, 0))
-    );
+    assert_eq!(store.claim(done, "w1", options).await, Ok(acquired(1, 0)));
     let got = claimed_when_free(&store, done, "w2", options, Duration::from_secs(5)).await;
     assert_eq!(got, acquired(2, 1));
     store.complete(done, "w2", b"receipt", DAY).await.unwrap();
@@ -1252,10 +1264,7 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     // With a fingerprint, still checked against the record.
     let fp = key("forgive-done-fp");
     let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
-    assert_eq!(
-        store.claim(fp, "a", with("x")).await,
-        Ok(acquired(1, 0))
-    );
+    assert_eq!(store.claim(fp, "a", with("x")).await, Ok(acquired(1, 0)));
     store.complete(fp, "a", b"r", DAY).await.unwrap();
     assert_eq!(store.forgive(fp).await, Ok(false));
     assert_eq!(
@@ -1270,10 +1279,7 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     // A live claim that has a crash counted: untouched, crash count included.
     let live = key("forgive-live");
     let long = ClaimOptions::new(LONG).crashes(3).ttl(DAY);
-    assert_eq!(
-        store.claim(live, "w1", options).await,
-        Ok(acquired(1, 0))
-    );
+    assert_eq!(store.claim(live, "w1", options).await, Ok(acquired(1, 0)));
     let got = claimed_when_free(&store, live, "w2", long, Duration::from_secs(5)).await;
     assert_eq!(got, acquired(2, 1));
     assert_eq!(store.forgive(live).await, Ok(false), "a live claim");

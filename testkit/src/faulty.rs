@@ -2,7 +2,7 @@
 //! a lost lease. For the idempotency guard's and the HTTP layer's tests.
 
 use jobguard::store::StoreFuture;
-use jobguard::{Claim, Error, MemoryStore, Store, StoreKey};
+use jobguard::{ClaimOptions, Claimed, Error, MemoryStore, Store, StoreKey};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
@@ -29,13 +29,12 @@ impl Store for Faulty {
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
-        fp: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, Claimed> {
         if self.down.load(Ordering::SeqCst) {
             return Box::pin(async { Err(Error::Store("connection refused".into())) });
         }
-        self.inner.claim(key, token, fp, lease)
+        self.inner.claim(key, token, options)
     }
     fn complete<'a>(
         &'a self,
@@ -80,5 +79,11 @@ impl Store for Faulty {
             return Box::pin(async { Err(Error::LeaseLost) });
         }
         self.inner.renew(key, token, lease)
+    }
+    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.inner.lookup(key)
+    }
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        self.inner.lettered(key)
     }
 }

@@ -92,17 +92,21 @@ const GAUGE_EVERY: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use jobguard::store::memory::MemoryStore;
-/// use jobguard::{Claim, Store, StoreKey};
+/// use jobguard::{ClaimOptions, Claimed, Store, StoreKey};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), jobguard::Error> {
 /// let store = MemoryStore::new();
 /// let key = StoreKey { scope: "payments.charge", key: "order-A" };
-/// assert_eq!(store.claim_plain(key, "t1", None, Duration::from_secs(30)).await?, Claim::Acquired);
-/// assert!(matches!(store.claim_plain(key, "t2", None, Duration::from_secs(30)).await?, Claim::InProgress { .. }));
+/// let options = ClaimOptions::new(Duration::from_secs(30));
+/// assert_eq!(
+///     store.claim(key, "t1", options).await?,
+///     Claimed::Acquired { generation: 1, crashes: 0 }
+/// );
+/// assert!(matches!(store.claim(key, "t2", options).await?, Claimed::InProgress { .. }));
 /// store.complete(key, "t1", b"{}", Duration::from_secs(60)).await?;
-/// assert_eq!(store.claim_plain(key, "t3", None, Duration::from_secs(30)).await?, Claim::Completed(b"{}".to_vec()));
+/// assert_eq!(store.claim(key, "t3", options).await?, Claimed::Completed(b"{}".to_vec()));
 /// assert_eq!(store.stats().records, 1);
 /// # Ok(())
 /// # }
@@ -1637,10 +1641,11 @@ impl Store for MemoryStore {
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
         self.with_shard(key, |shard, op| {
             let (key, hash, now) = (op.key, op.hash, op.now);
-            if let Some(record) = shard.table.find_mut(hash, |r| r.is(hash, key)) {
-                if record.state == State::Poisoned && record.expires > now {
-                    record.at = LETTERED;
-                }
+            if let Some(record) = shard.table.find_mut(hash, |r| r.is(hash, key))
+                && record.state == State::Poisoned
+                && record.expires > now
+            {
+                record.at = LETTERED;
             }
         });
         done(Ok(()))
@@ -1754,7 +1759,8 @@ mod tests {
             Claim::InProgress { .. }
         ));
         assert_eq!(
-            claim_now(&s, 
+            claim_now(
+                &s,
                 StoreKey {
                     scope: "other",
                     key: "k"
@@ -2030,7 +2036,10 @@ mod tests {
         tokio::time::advance(LEASE).await;
         assert!(matches!(
             s.claim_counted(K, "b", options).unwrap(),
-            Claimed::Poisoned { letter: Letter::Yours, .. }
+            Claimed::Poisoned {
+                letter: Letter::Yours,
+                ..
+            }
         ));
     }
 
@@ -2099,7 +2108,10 @@ mod tests {
             let k = StoreKey { scope: "s", key };
             assert!(matches!(
                 s.claim_counted(k, "b", &options).unwrap(),
-                Claimed::Poisoned { letter: Letter::Yours, .. }
+                Claimed::Poisoned {
+                    letter: Letter::Yours,
+                    ..
+                }
             ));
         }
         for i in 0..2_000 {
@@ -2183,7 +2195,10 @@ mod tests {
         tokio::time::advance(LEASE).await;
         assert!(matches!(
             s.claim_counted(K, "e", &options).unwrap(),
-            Claimed::Poisoned { letter: Letter::Yours, .. }
+            Claimed::Poisoned {
+                letter: Letter::Yours,
+                ..
+            }
         ));
         tokio::time::advance(ttl).await;
         assert_eq!(s.forgive(K).await, Ok(false));

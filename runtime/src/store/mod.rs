@@ -1,7 +1,7 @@
 //! Idempotency stores: where claims and completed results live.
 //!
 //! A [`Store`] keeps one record per `(scope, key)`. Every guarded entry point (`#[idempotent]`,
-//! the HTTP layer, a job runner's) goes through the same [claim session](crate::claim) on it,
+//! the HTTP layer, a job runner's) goes through the same claim session on it,
 //! so a store is the whole contract between jobguard and a database: implement the seven
 //! methods of [`Store`] and pass [`testing::check_store`](crate::testing) (feature `testing`).
 //!

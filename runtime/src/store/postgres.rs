@@ -89,18 +89,20 @@
 //!
 //! Every operation is one statement on the pool, run on the database's clock.
 //!
-//! * [`claim_with`](Store::claim_with): one `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...` that
+//! * [`claim`](Store::claim): one `INSERT ... ON CONFLICT DO UPDATE ... WHERE ...` that
 //!   takes an absent, released or expired key (generation one more than the row's), or a claim
 //!   whose lease lapsed (one more generation and one more crash, unless that crash reaches the
 //!   crash limit: then the row is poisoned for the TTL), and in the same statement reads the row
 //!   it found otherwise: a completed one gives its record, a live claim gives
 //!   [`InProgress`](Claimed::InProgress) with the lease's remaining time, a poisoned one
-//!   [`Poisoned`](Claimed::Poisoned). A fingerprint mismatches only when both the stored one and
+//!   [`Poisoned`](Claimed::Poisoned) (a second statement then hands it the letter role if no
+//!   letter is confirmed and the role's last lease ended: on that refused path only). A
+//!   fingerprint mismatches only when both the stored one and
 //!   the given one are present and differ, and it is checked first on a completed row or a live
 //!   claim: a reused key is [`KeyReused`](Claimed::KeyReused). When a concurrent claim commits
 //!   between the statement's snapshot and its insert, the statement finds nothing to report and
-//!   runs again. [`claim`](Store::claim) is `claim_with` with no crash limit and the default
-//!   TTL.
+//!   runs again.
+//! * [`lettered`](Store::lettered): one `UPDATE` that marks a poisoned row's letter confirmed.
 //! * [`complete`](Store::complete), [`release`](Store::release), [`renew`](Store::renew): only
 //!   while `token` holds a claim whose lease has not ended (compare-and-set on the token).
 //!   Otherwise `complete` and `renew` fail with [`Error::LeaseLost`] and `release` does nothing.
