@@ -73,7 +73,8 @@
 //!   [`Idempotent`] the claim around a future.
 //! - **Stores**, where claims and results live: [`MemoryStore`] (the embedded default),
 //!   `RedisStore` (feature `redis`, one server or a Redis Cluster), `PgStore` (feature `postgres`,
-//!   also in the caller's own transaction); the [`Store`] trait for one of your own.
+//!   also in the caller's own transaction); the [`Store`] trait for one of your own, and
+//!   `testing::check_store` (feature `testing`), the conformance suite it should pass.
 //! - **HTTP**: `http::IdempotencyLayer` (feature `http`), the `Idempotency-Key` header as a tower
 //!   layer for axum and hyper.
 //! - **Job runners**: `apalis::GuardLayer` (feature `apalis`) for apalis workers; on another
