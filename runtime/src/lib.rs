@@ -1,68 +1,101 @@
 //! # jobguard
 //!
-//! Retry and idempotency for async Rust jobs. Every queue delivers at least once, so a job will
-//! run twice; `#[retry]` re-runs only failures that can succeed on a second try, with capped,
-//! jittered exponential backoff, and hands the job to a dead-letter sink when it gives up.
+//! Background jobs that are safe to run twice. Every queue delivers at least once, so a job will
+//! run twice: a payment capture that times out, is retried and charges the customer twice is the
+//! bug this crate exists to prevent. `#[idempotent]` claims the job's key once, stores its result
+//! and replays it to every redelivery without running the body again; `#[retry]` re-runs only
+//! the failures that can succeed on a second try, with capped, jittered exponential backoff, and
+//! hands the job to a dead-letter sink when it gives up. Written together, idempotency wraps
+//! retry: the key is claimed once, and the retry loop runs inside the claim.
 //!
 #![cfg_attr(feature = "macros", doc = "```")]
 #![cfg_attr(not(feature = "macros"), doc = "```ignore")]
 //! use jobguard::Transient;
+//! use serde::{Deserialize, Serialize};
 //!
+//! /// What the job returns: stored, and replayed to every redelivery.
+//! #[derive(Debug, Serialize, Deserialize)]
+//! struct Receipt {
+//!     order_id: String,
+//!     amount: u64,
+//! }
+//!
+//! /// Each variant says whether trying again can help.
 //! #[derive(Debug, Transient)]
 //! enum GatewayError {
-//!     #[transient]
+//!     #[transient] // retried on the backoff curve
 //!     Timeout,
-//!     Declined,
+//!     #[transient(after = wait)] // retried after exactly this long
+//!     RateLimited { wait: std::time::Duration },
+//!     Declined, // unmarked: permanent, never retried
+//!     #[transient(from)] // jobguard's own errors (a store out of reach), with their own verdict
+//!     Jobguard(jobguard::Error),
 //! }
-//! # impl std::fmt::Display for GatewayError {
-//! #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { write!(f, "{self:?}") }
-//! # }
 //!
-//! #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
-//! async fn charge(order_id: &str, amount: u64) -> Result<u64, GatewayError> {
-//!     # let _ = order_id;
-//!     Ok(amount)
+//! impl std::fmt::Display for GatewayError {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         write!(f, "{self:?}") // the text a dead letter keeps
+//!     }
 //! }
+//!
+//! impl From<jobguard::Error> for GatewayError {
+//!     fn from(e: jobguard::Error) -> Self {
+//!         GatewayError::Jobguard(e)
+//!     }
+//! }
+//!
+//! #[jobguard::idempotent(key = order_id)]
+//! #[jobguard::retry(attempts = 5, base = "500ms", cap = "8s")]
+//! async fn charge(order_id: &str, amount: u64) -> Result<Receipt, GatewayError> {
+//!     // the payment gateway's call goes here
+//!     Ok(Receipt { order_id: order_id.to_owned(), amount })
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), GatewayError> {
+//! let first = charge("order-A", 100).await?;
+//! let again = charge("order-A", 100).await?; // a redelivery: replayed, the body did not run
+//! assert_eq!(first.order_id, again.order_id);
+//! # Ok(())
+//! # }
 //! ```
 //!
-//! The attributes expand into a few calls on this crate; all logic lives here, where it is
-//! tested. See the README for the "equivalent code without the attribute".
+//! With no store named, jobs use the embedded default, a process-wide [`MemoryStore`]; name one
+//! in a [`Runtime`] for many processes. The README walks through the rest, from the `Cargo.toml`
+//! lines to running workers for real.
 //!
-//! # Modules, and what each may import
+//! # Entry points
 //!
-//! Imports flow one way, from the top of this list to the bottom; no module imports one above
-//! it, so there is no circle. (`std`, `tokio` and the other dependencies are free.)
+//! - **The attributes** (feature `macros`, on by default): `#[retry]` and `#[idempotent]` on an
+//!   `async fn` returning `Result`, and `#[derive(Transient)]` for the error's [`Verdict`]s
+//!   ([`Transient`], [`http_verdict`] for HTTP statuses). Their own docs list every argument.
+//! - **Without a macro**: [`Policy::run`] is the retry loop over an `async` closure, and
+//!   [`Idempotent`] the claim around a future.
+//! - **Stores**, where claims and results live: [`MemoryStore`] (the embedded default),
+//!   `RedisStore` (feature `redis`, one server or a Redis Cluster), `PgStore` (feature `postgres`,
+//!   also in the caller's own transaction); the [`Store`] trait for one of your own, and
+//!   `testing::check_store` (feature `testing`), the conformance suite it should pass.
+//! - **HTTP**: `http::IdempotencyLayer` (feature `http`), the `Idempotency-Key` header as a tower
+//!   layer for axum and hyper.
+//! - **Job runners**: `apalis::GuardLayer` (feature `apalis`) for apalis workers; on another
+//!   runner, [`Delivery::scope`] puts the broker's delivery in scope.
+//! - **Dead letters**: the [`DeadLetterSink`] trait, [`LogDeadLetters`] (the default),
+//!   [`MemoryDeadLetters`], [`from_fn`], `RedisDeadLetters` (feature `redis`); each give-up is
+//!   one [`DeadLetter`] with its [`GiveUp`] reason.
+//! - **Configuration**: a [`Runtime`] names the store, the dead-letter sink, the [`Observer`]
+//!   and the jitter's seed; [`Runtime::install`] makes it the process default, and
+//!   [`Runtime::scope`] uses it for one future.
+//! - **Observing**: an [`Observer`] sees every [`Event`] (attempts, retries, replays, claims,
+//!   dead letters, breaker transitions); `observe::metrics` (feature `metrics`) and
+//!   `observe::tracing` (feature `tracing`) are built-in views.
+//! - **Inside a guarded body**: [`attempt()`] tells which attempt (and delivery) is running, and
+//!   [`fence()`] the claim's generation, for a downstream that refuses a stalled worker's write.
+//! - **Around a dependency**: a [`CircuitBreaker`] in a `static`, named by `#[retry(breaker =
+//!   ..)]`.
+//! - **Errors**: jobguard's own failures are one [`Error`].
 //!
-//! - `__private` (hidden): what expansions call. Re-exports only; nothing in the crate calls it.
-//! - `http` (feature `http`): the `Idempotency-Key` layer. May import `idempotency`, `runtime`,
-//!   `store`, `observe`, `error`.
-//! - `apalis` (feature `apalis`): the job runner's layer. May import `attempt`.
-//! - [`idempotency`]: claim, run, store, replay, the dead letter of a poisoned job, and the
-//!   forgiving of its key (by an operator, or by a redrive of its letter). May import `retry`
-//!   (the job's payload, sealed into that letter as the engine seals its own), `runtime`,
-//!   `store`, `dead_letter`, `observe`, `attempt`, `bounds`, `record`, `error`.
-//! - `retry`: the engine ([`Policy::run`] and `#[retry]`'s loop). May import every module
-//!   below except `store`.
-//! - [`breaker`]: the circuit breaker. May import `runtime` (for its transition events),
-//!   `observe`, `record`.
-//! - [`runtime`]: the configuration jobs run under. May import `store`, `dead_letter`,
-//!   `observe`.
-//! - [`store`] and [`dead_letter`]: idempotency stores and dead-letter sinks, side by side. May
-//!   import `observe`, `record`, `classify`, `bounds`, `attempt` (to settle a runner's
-//!   delivery, and for `savepoint`'s attempt number), `error`; the Redis sink
-//!   shares the Redis store's connection settings and its one TLS crypto-provider installer.
-//!   `store::record` holds the stored form of a result and the claim token, which
-//!   `idempotency`, the HTTP layer and `PgStore`'s transactional form share; `store` holds the
-//!   `#[idempotent]` default scope's check, which both of the last two run.
-//! - [`observe`] (with `observe::metrics`, `observe::tracing`): events and their built-in
-//!   views. May import `record`, `classify`, `attempt`, `error`.
-//! - `bounds`: the named bounds on a job's types, and the classifier shims expansions call. May
-//!   import `classify`, `error`.
-//! - `attempt`: [`attempt()`], [`fence()`] and [`Delivery`]. Imports nothing of the crate.
-//! - [`policy`]: may import `jitter`.
-//! - `record`: [`GiveUp`], [`DeadLetter`], [`BreakerState`]: plain data. May import `error`.
-//! - [`classify`]: may import `error`.
-//! - [`jitter`], `error`: import nothing of the crate.
+//! Maintainers: the workspace, the module graph and where each protocol lives are in the
+//! repository's `ARCHITECTURE.md`.
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
