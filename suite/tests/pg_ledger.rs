@@ -1,7 +1,7 @@
 //! `examples/ledger.rs`, in memory and against a private `postgres`: every transfer delivered
 //! twice, the second delivery a replay, the balances moved once.
 
-#[path = "../examples/ledger.rs"]
+#[path = "../../examples/ledger.rs"]
 #[allow(dead_code)]
 mod ledger;
 use jobguard_testkit::postgres;

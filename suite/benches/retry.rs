@@ -1,8 +1,8 @@
 //! The retry wrapper's cost, in one run, beside the peers.
 //!
 //! ```text
-//! cargo bench --bench retry --no-default-features -- --warm-up-time 1 --measurement-time 3
-//! cargo bench --bench retry -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p jobguard-suite --bench retry --no-default-features -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p jobguard-suite --bench retry -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! `retry_success`: the first attempt succeeds. The work is as small as the peers' own examples

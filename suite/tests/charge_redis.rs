@@ -5,7 +5,7 @@
 //! delays (9 s in all) are real waits here, as Redis I/O cannot run on a paused clock.
 
 #[allow(dead_code)]
-#[path = "../examples/charge.rs"]
+#[path = "../../examples/charge.rs"]
 mod example;
 
 use example::{Service, run_scenario};

@@ -2,7 +2,7 @@
 //! state document must read exactly as the example's documentation shows.
 
 #[allow(dead_code)]
-#[path = "../examples/charge.rs"]
+#[path = "../../examples/charge.rs"]
 mod example;
 
 use example::{Service, run_scenario};

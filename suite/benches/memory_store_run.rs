@@ -5,8 +5,8 @@
 //! own:
 //!
 //! ```text
-//! cargo bench --bench memory_store_run
-//! JOBGUARD_RUN_JOBS=1000000 JOBGUARD_RUN_MIN_RETENTION_MS=1000 cargo bench --bench memory_store_run
+//! cargo bench -p jobguard-suite --bench memory_store_run
+//! JOBGUARD_RUN_JOBS=1000000 JOBGUARD_RUN_MIN_RETENTION_MS=1000 cargo bench -p jobguard-suite --bench memory_store_run
 //! ```
 //!
 //! The jobs run one after another on a current-thread runtime, through the attribute as a
@@ -66,7 +66,9 @@ const MIB: usize = 1 << 20;
 fn main() {
     // `cargo bench` passes `--bench`; a test run (`cargo test --benches`) does not: skip there.
     if !std::env::args().any(|a| a == "--bench") {
-        println!("memory_store_run: run it with `cargo bench --bench memory_store_run`");
+        println!(
+            "memory_store_run: run it with `cargo bench -p jobguard-suite --bench memory_store_run`"
+        );
         return;
     }
     let jobs = env("JOBGUARD_RUN_JOBS", 10_000_000);

@@ -3,7 +3,7 @@
 //! `GET /metrics` the attempts and dead-letter counters in the Prometheus text format.
 
 #[allow(dead_code)]
-#[path = "../examples/server.rs"]
+#[path = "../../examples/server.rs"]
 mod example;
 
 use example::{Service, router};

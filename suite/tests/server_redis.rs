@@ -8,10 +8,10 @@
 //! cannot run on a paused clock.
 
 #[allow(dead_code)]
-#[path = "../examples/server.rs"]
+#[path = "../../examples/server.rs"]
 mod server;
 #[allow(dead_code)]
-#[path = "../examples/worker.rs"]
+#[path = "../../examples/worker.rs"]
 mod worker;
 
 use jobguard::RedisDeadLetters;

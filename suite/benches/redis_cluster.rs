@@ -4,7 +4,7 @@
 //! machine.
 //!
 //! ```text
-//! JOBGUARD_BENCH_QUICK=1 cargo bench --bench redis_cluster
+//! JOBGUARD_BENCH_QUICK=1 cargo bench -p jobguard-suite --bench redis_cluster
 //! ```
 //!
 //! The cluster is the test kit's (`jobguard_testkit::cluster`): 3 masters and 3 replicas on free

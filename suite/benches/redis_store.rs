@@ -3,7 +3,7 @@
 //! `redis-server`, in one run.
 //!
 //! ```text
-//! cargo bench --bench redis_store
+//! cargo bench -p jobguard-suite --bench redis_store
 //! ```
 //!
 //! Criterion measures the throughput; a second, sampled pass records each job's latency for p50

@@ -3,7 +3,7 @@
 //! latency each request adds, at the median and the 99th percentile.
 //!
 //! ```text
-//! cargo bench --bench http -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p jobguard-suite --bench http -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! The contenders, one `POST /charge/{order_id}` with a 2-byte body and an `Idempotency-Key`

@@ -3,8 +3,9 @@
 //! span that is wrong (`tests/ui/fail`, each with the `.stderr` it must print), and every
 //! supported shape of function and of `key` compiles and runs (`tests/ui/pass`).
 //!
-//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --all-features --test ui`,
-//! then read the diff: each must show jobguard's own message on the user's tokens.
+//! Regenerate the `.stderr` files with
+//! `TRYBUILD=overwrite cargo test -p jobguard-suite --all-features --test ui`, then read the
+//! diff: each must show jobguard's own message on the user's tokens.
 
 #[test]
 fn ui() {

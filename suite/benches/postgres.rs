@@ -10,7 +10,7 @@
 //!   the same transaction without jobguard (begin, the effect row, commit).
 //!
 //! ```text
-//! cargo bench --bench postgres
+//! cargo bench -p jobguard-suite --bench postgres
 //! ```
 //!
 //! A timed harness: the contenders run in interleaved rounds (`ROUNDS`), each round a fixed

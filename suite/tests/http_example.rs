@@ -3,7 +3,7 @@
 //! gateway charged once per key.
 
 #[allow(dead_code)]
-#[path = "../examples/http_idempotency.rs"]
+#[path = "../../examples/http_idempotency.rs"]
 mod example;
 
 mod http_support;

@@ -2,7 +2,7 @@
 //! `CircuitBreaker` beside `failsafe` and `recloser`, in one run.
 //!
 //! ```text
-//! cargo bench --bench breaker -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p jobguard-suite --bench breaker -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! Each breaker is configured the way its crate's docs start: jobguard and failsafe open after

@@ -3,7 +3,7 @@
 //! difference in calls), without criterion's own work in the count.
 //!
 //! ```text
-//! cargo bench --bench retry_calls --no-default-features --no-run
+//! cargo bench -p jobguard-suite --bench retry_calls --no-default-features --no-run
 //! valgrind --tool=callgrind target/release/deps/retry_calls-* CONTENDER CALLS
 //! ```
 //!

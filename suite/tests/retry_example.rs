@@ -3,7 +3,7 @@
 //! exact.
 
 #[allow(dead_code)]
-#[path = "../examples/retry.rs"]
+#[path = "../../examples/retry.rs"]
 mod example;
 
 use std::sync::{Arc, Mutex};

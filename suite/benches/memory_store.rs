@@ -3,8 +3,8 @@
 //! and, before measuring, how long the store holds a shard while 100,000 records expire.
 //!
 //! ```text
-//! cargo bench --bench memory_store -- --warm-up-time 1 --measurement-time 3
-//! JOBGUARD_BENCH_SIZES=10000,1000000 cargo bench --bench memory_store -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p jobguard-suite --bench memory_store -- --warm-up-time 1 --measurement-time 3
+//! JOBGUARD_BENCH_SIZES=10000,1000000 cargo bench -p jobguard-suite --bench memory_store -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
 //! For instruction counts, `JOBGUARD_BENCH_ONLY=memory:JOBS` (or `bare:JOBS`) fills one
@@ -13,7 +13,7 @@
 //! instructions, the fill cancelling out.
 //!
 //! ```text
-//! cargo bench --bench memory_store --no-run
+//! cargo bench -p jobguard-suite --bench memory_store --no-run
 //! JOBGUARD_BENCH_SIZES=10000 JOBGUARD_BENCH_ONLY=memory:20000 valgrind --tool=callgrind target/release/deps/memory_store-*
 //! ```
 //!

@@ -5,7 +5,7 @@
 //! A timed harness, one run:
 //!
 //! ```text
-//! cargo bench --bench apalis
+//! cargo bench -p jobguard-suite --bench apalis
 //! ```
 //!
 //! Each trial pushes `JOBS` fresh jobs to a fresh queue, then times one in-process worker from
