@@ -21,8 +21,8 @@
 //!   body (`Bytes` extractor) as a real `POST` handler does; the layer reads it too.
 //!
 //! **Harness.** One current-thread tokio runtime holds the servers and the client (on a loaded
-//! 2-core box, a multi-thread runtime measures the scheduler's cross-thread wake-ups more than
-//! the service: its bare median moved between 18 and 78 µs from run to run), with a hyper-util
+//! 2-core box, a multi-thread runtime measures the scheduler's cross-thread wake-ups, which vary
+//! from run to run far more than the service does), with a hyper-util
 //! legacy client whose pool keeps one connection per server alive, `TCP_NODELAY` on both ends as
 //! curl and browsers set it. The requests go one after another, so a request's time is its
 //! latency and the rate is its inverse. `iter_custom` times a plain loop of requests inside the
@@ -31,9 +31,9 @@
 //! differences.
 //!
 //! **Steady state.** The layered store completes records with a 1 s TTL: at the rates measured
-//! (tens of thousands of requests a second) that keeps far fewer records live than
-//! `MemoryStore`'s 100,000 bound, so no claim is refused for room (24 h records would fill it in
-//! seconds); each shard sweeps its expired records when full, as it does in service.
+//! (tens of thousands of requests a second) that keeps the live records few, so the figures
+//! measure the layer, not a store that grows for the whole run and then gives up old records
+//! at its bound, as it would with 24 h records.
 
 use axum::Router;
 use axum::routing::post;

@@ -90,21 +90,19 @@ async fn tokio_retry(calls: &Cell<u32>, fail: u32) -> Result<u64, io::Error> {
 /// Benchmarks one contender of the success path, and checks every answer it gives while
 /// measured (a compare and a branch never taken, the same for every contender).
 ///
-/// The check is made on the measured calls, not by a call of its own: a second caller of the
-/// contender (a `block_on` before measuring, as this bench had) kept LLVM from inlining any
-/// contender's poll into criterion's loop but the bare call's, which is small enough to be
-/// inlined from anywhere; a function with one caller is inlined far more readily. Each wrapper
-/// then paid a function call (its prologue, its state dispatch) that the bare call did not, and
-/// the ratio measured the inliner. Polled from one place, as a worker polls a job, every
-/// contender is treated alike. BENCHMARKS.md ("Tenth round") has the figures of both.
+/// The check is made on the measured calls, not by a call of its own. A second call site (a
+/// `block_on` before measuring) would make the compiler less willing to inline the contender's
+/// `poll` into criterion's loop; the bare call is small enough to be inlined anyway, the
+/// wrappers are not, so each wrapper would pay a function call the bare call does not, and the
+/// ratio would measure the inliner rather than the wrapper. Polled from one place, as a worker
+/// polls a job, every contender is treated alike.
 macro_rules! answers {
     ($group:expr, $rt:expr, $name:expr, $call:path) => {{
         $group.bench_function($name, |b| {
             b.to_async($rt).iter(|| async {
-                // Consumed as a `u64`: black-boxing the whole 16-byte `Result` let LLVM copy it
-                // with one 16-byte load over two 8-byte stores in some contenders' loops and not
-                // in others' (a store-forwarding stall of ~3 ns), which measured the harness's
-                // codegen, not the contender.
+                // Consumed as a `u64`, the same for every contender: the whole `Result` put
+                // through `black_box` is copied differently from one contender's loop to the
+                // next, and that copy, not the contender, would show in the figure.
                 let answer = match $call(black_box(41)).await {
                     Ok(42) => 42,
                     other => wrong_answer($name, other),

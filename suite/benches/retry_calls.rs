@@ -1,6 +1,7 @@
-//! A plain loop of job calls for instruction counting: `valgrind --tool=callgrind` on this
-//! binary at two call counts gives the instructions of one call (the difference over the
-//! difference in calls), without criterion's own work in the count.
+//! A plain loop of job calls, without criterion: for a profiler, and for a clock steadier than
+//! criterion's on a shared machine. Under `valgrind --tool=callgrind`, two call counts give
+//! the instructions of one call (the difference over the difference in calls), criterion's own
+//! work left out.
 //!
 //! ```text
 //! cargo bench -p jobguard-suite --bench retry_calls --no-default-features --no-run

@@ -1,5 +1,6 @@
 //! The success path's contenders, shared by `benches/retry.rs` (criterion) and
-//! `benches/retry_calls.rs` (the loop callgrind counts), so that both measure the same code.
+//! `benches/retry_calls.rs` (a plain loop, for a profiler or a CPU-time clock), so that both
+//! measure the same code.
 //! Included with `#[path]`.
 
 use backon::{ExponentialBuilder, Retryable};
