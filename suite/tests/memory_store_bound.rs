@@ -242,3 +242,125 @@ async fn a_bound_too_small_for_one_record_says_so() {
     }
     assert!(store.is_empty());
 }
+
+/// What the allocator holds for this thread's blocks, while counting is on: glibc's usable size
+/// of each block and its 8-byte header, read from the allocator rather than modelled.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod held {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub struct Held;
+
+    thread_local! {
+        static ON: Cell<bool> = const { Cell::new(false) };
+        static BYTES: Cell<isize> = const { Cell::new(0) };
+    }
+
+    unsafe extern "C" {
+        fn malloc_usable_size(ptr: *mut u8) -> usize;
+    }
+
+    fn note(ptr: *mut u8, sign: isize) {
+        if ptr.is_null() || !ON.try_with(Cell::get).unwrap_or(false) {
+            return;
+        }
+        // SAFETY: `ptr` is a live block of the system allocator (glibc's malloc).
+        let size = unsafe { malloc_usable_size(ptr) } as isize + 8;
+        let _ = BYTES.try_with(|b| b.set(b.get() + sign * size));
+    }
+
+    // SAFETY: every call is forwarded unchanged to the system allocator; counting reads the
+    // block's size and touches only const-initialised thread-locals, which never allocate.
+    unsafe impl GlobalAlloc for Held {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            let ptr = unsafe { System.alloc(layout) };
+            note(ptr, 1);
+            ptr
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            let ptr = unsafe { System.alloc_zeroed(layout) };
+            note(ptr, 1);
+            ptr
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(ptr, -1);
+            let new = unsafe { System.realloc(ptr, layout, new_size) };
+            note(if new.is_null() { ptr } else { new }, 1);
+            new
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            note(ptr, -1);
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    /// Counts from zero.
+    pub fn start() {
+        BYTES.with(|b| b.set(0));
+        ON.with(|on| on.set(true));
+    }
+
+    /// The bytes held for blocks allocated since [`start`] and not freed.
+    pub fn now() -> isize {
+        BYTES.with(Cell::get)
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[global_allocator]
+static HELD: held::Held = held::Held;
+
+/// What the store counts covers what the allocator holds for it, and stays within the bound,
+/// as records of two shapes come and go for long enough that its maps settle: the bench's jobs
+/// (a 12-byte scope, a 20-byte key, a 58-byte result) and `memory_store_run`'s (a 7-digit key,
+/// a 46-byte result), each at three bounds, and with a failed attempt (a released key, claimed
+/// again) every tenth job.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[tokio::test]
+async fn the_bound_holds_against_the_allocator() {
+    use std::fmt::Write;
+    let result = |len| vec![b'r'; len];
+    for (shape, key_digits, result) in [("bench", 16, result(58)), ("run", 7, result(46))] {
+        for max_bytes in [256 << 10, 1 << 20, 3 << 20] {
+            let store = MemoryStore::builder()
+                .max_bytes(max_bytes)
+                .min_retention(Duration::ZERO)
+                .build();
+            let mut worst = 0f64;
+            let mut name = String::with_capacity(32);
+            held::start();
+            for id in 0..(80 * max_bytes / 1024) as u64 {
+                name.clear();
+                let _ = write!(name, "job-{id:0key_digits$}");
+                let k = StoreKey {
+                    scope: "bench.charge",
+                    key: &name,
+                };
+                assert_eq!(store.claim(k, "t", None, LEASE).await, Ok(Claim::Acquired));
+                if id % 10 == 0 {
+                    store.release(k, "t").await.unwrap();
+                    assert_eq!(store.claim(k, "u", None, LEASE).await, Ok(Claim::Acquired));
+                    store.complete(k, "u", &result, LEASE * 10).await.unwrap();
+                } else {
+                    store.complete(k, "t", &result, LEASE * 10).await.unwrap();
+                }
+                if id % 1_000 == 999 {
+                    let stats = store.stats();
+                    assert!(stats.bytes <= max_bytes, "{stats:?}");
+                    worst = worst.max(held::now() as f64 / stats.bytes as f64);
+                }
+            }
+            let stats = store.stats();
+            println!(
+                "{shape} records, bound {max_bytes}: {} records, {} bytes counted, {} held by \
+                 the allocator; held / counted at worst {worst:.3}",
+                stats.records,
+                stats.bytes,
+                held::now()
+            );
+            assert!(stats.evicted > 0, "{stats:?}");
+            assert!(worst <= 1.0, "{shape}, {max_bytes}: {worst:.3}");
+        }
+    }
+}

@@ -33,30 +33,31 @@
 //! and passes over 64 entries of an order at most looking for one.
 //!
 //! Expired records go a few at a time, so that no operation holds a lock for long however many
-//! expire at once: every operation that files a record in one of its shard's orders (below) first
-//! looks at two entries at the front of each of them, and drops the records there that expired.
+//! expire at once: a completion looks at the front of each of its shard's orders of completed
+//! records (below), and a claim or a release at two entries at the front of the ring it files
+//! an entry in, and each drops the records it finds there expired.
 //!
 //! # How it counts bytes
 //!
-//! A record counts 204 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
+//! A record counts 172 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
 //! and payload (the claim's token while claimed, the result once completed, nothing otherwise).
-//! A job with a 12-byte scope, a 20-byte key and a 58-byte result counts 294 bytes once
-//! completed, so the default bound holds about 900 thousand of them. The 204 bytes are:
+//! A job with a 12-byte scope, a 20-byte key and a 58-byte result counts 262 bytes once
+//! completed, so the default bound holds about a million of them. The 172 bytes are:
 //!
-//! - the record's fixed part, 72 bytes, which the map holds boxed;
+//! - 72 for the record's fixed part, which the table holds boxed;
 //! - 32 for the allocator's header and rounding on the record's two allocations (its fixed part,
 //!   and its bytes);
-//! - 68 for its slot in the map (an 8-byte hash, an 8-byte pointer and a control byte), four
-//!   times over: a `HashMap` keeps slots empty, and std's settles, as records come and go, at
-//!   between about 2.3 and 4.6 slots a record;
+//! - 36 for its slot in the table (an 8-byte pointer and a control byte), four times over: a
+//!   hash table keeps slots empty, and hashbrown's settles, as records come and go, at between
+//!   about 2.3 and 4.6 slots a record;
 //! - 32 for its entry in an order (16 bytes), twice over: a `VecDeque` keeps spare room, and an
 //!   order may hold a stale entry for a while.
 //!
 //! That is an estimate, checked against what the allocator hands out by
 //! `tests/memory_store_bound.rs`; the store's own memory may be a few percent over it when a
-//! map happens to sit at the top of that range. Not counted: the shards themselves (a few
-//! kilobytes), and room that a map or an order took for more records than it holds now (std's
-//! collections keep it, for the records that follow).
+//! table happens to sit at the top of that range. Not counted: the shards themselves (a few
+//! kilobytes), and room that a table or an order took for more records than it holds now (they
+//! keep it, for the records that follow).
 //!
 //! # How it is built
 //!
@@ -64,9 +65,10 @@
 //! rarely wait for each other, and a map that grows holds up a sixteenth of the store. A key
 //! goes to the shard its hash picks; each shard holds a sixteenth of the bound.
 //!
-//! A shard files its records in a `HashMap` under a hash of their scope and key from std's
-//! `RandomState` (keyed at random, so that nobody can pick keys that collide), and each record
-//! keeps its scope and key to tell a key from another one of the same hash. Every record is also
+//! A shard files its records in a hashbrown `HashTable` under a hash of their scope and key from
+//! std's `RandomState` (keyed at random, so that nobody can pick keys that collide), computed once
+//! an operation; each record keeps its scope and key, to tell a key from another of the same
+//! hash. Every record is also
 //! in exactly one of the shard's orders, `VecDeque`s of (hash, stamp) entries, by its state:
 //!
 //! - completed records, oldest first, in one order per TTL: within one TTL the oldest record is
@@ -83,11 +85,13 @@
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
+use hashbrown::HashTable;
 use std::collections::VecDeque;
-use std::collections::hash_map::{self, HashMap};
+use std::future::poll_fn;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -101,10 +105,8 @@ pub const DEFAULT_MIN_RETENTION: Duration = Duration::from_secs(3600);
 
 /// What a record counts beyond the lengths of its scope, key, fingerprint and payload (see the
 /// [module docs](self#how-it-counts-bytes)).
-const RECORD_OVERHEAD: usize = size_of::<Record>()
-    + 2 * 16
-    + 4 * (size_of::<u64>() + size_of::<Box<Record>>() + 1)
-    + 2 * size_of::<Entry>();
+const RECORD_OVERHEAD: usize =
+    size_of::<Record>() + 2 * 16 + 4 * (size_of::<Box<Record>>() + 1) + 2 * size_of::<Entry>();
 
 /// Entries at the front of each order that an operation filing a record looks at.
 const UPKEEP: usize = 2;
@@ -203,10 +205,13 @@ impl MemoryStoreBuilder {
                 .map_or(usize::MAX, |n| n.div_ceil(SHARDS).max(1)),
             min_retention: nanos(self.min_retention),
         };
+        let hasher = RandomState::new();
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                hasher: RandomState::new(),
+                shards: (0..SHARDS)
+                    .map(|_| Mutex::new(Shard::new(hasher.clone())))
+                    .collect(),
+                hasher,
                 epoch: Instant::now(),
                 limits,
                 max_bytes: self.max_bytes,
@@ -355,8 +360,10 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> StoreFuture<'a, Claim> {
         let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-        let claimed = self.claim_counted(key, token, &options);
-        Box::pin(std::future::ready(claimed.and_then(Claimed::into_claim)))
+        match self.claim_counted(key, token, &options) {
+            Ok(Claimed::Acquired { .. }) => Box::pin(poll_fn(|_| Poll::Ready(Ok(Claim::Acquired)))),
+            other => Box::pin(std::future::ready(other.and_then(Claimed::into_claim))),
+        }
     }
 
     fn claim_with<'a>(
@@ -375,13 +382,12 @@ impl Store for MemoryStore {
         record: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| shard.complete(op, token, record, ttl));
-        Box::pin(std::future::ready(done))
+        done(self.with_shard(key, |shard, op| shard.complete(op, token, record, ttl)))
     }
 
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
         self.with_shard(key, |shard, op| shard.release(op, token));
-        Box::pin(std::future::ready(Ok(())))
+        done(Ok(()))
     }
 
     fn renew<'a>(
@@ -390,8 +396,7 @@ impl Store for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> StoreFuture<'a, ()> {
-        let done = self.with_shard(key, |shard, op| shard.renew(op, token, lease));
-        Box::pin(std::future::ready(done))
+        done(self.with_shard(key, |shard, op| shard.renew(op, token, lease)))
     }
 
     fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
@@ -403,6 +408,15 @@ impl Store for MemoryStore {
     fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         let forgiven = self.with_shard(key, |shard, op| shard.forgive(op));
         Box::pin(std::future::ready(Ok(forgiven)))
+    }
+}
+
+/// `result` as a [`StoreFuture`]. `Ok` is a [`poll_fn`] of a closure that captures nothing: of no
+/// size, so that boxing it allocates nothing (as [`Store::claim`]'s `Acquired` is).
+fn done<'a>(result: Result<(), Error>) -> StoreFuture<'a, ()> {
+    match result {
+        Ok(()) => Box::pin(poll_fn(|_| Poll::Ready(Ok(())))),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
     }
 }
 
@@ -570,7 +584,6 @@ impl Tally {
 }
 
 /// One shard: its records, and the orders that say which to drop first.
-#[derive(Default)]
 struct Shard {
     records: Records,
     /// Completed records, oldest first, one order per TTL.
@@ -613,6 +626,22 @@ enum Ring {
 }
 
 impl Shard {
+    fn new(hasher: RandomState) -> Self {
+        Shard {
+            records: Records {
+                table: HashTable::new(),
+                hasher,
+            },
+            completed: Vec::new(),
+            released: VecDeque::new(),
+            claims: VecDeque::new(),
+            bytes: 0,
+            last_stamp: 0,
+            evicted: 0,
+            expired: 0,
+        }
+    }
+
     fn claim(
         &mut self,
         op: &mut Op<'_>,
@@ -626,7 +655,7 @@ impl Shard {
         let Some(record) = self.records.find_mut(op.hash, op.key) else {
             // A key the shard does not hold: its first claim here.
             let mut record = Box::new(fresh()?);
-            self.upkeep(now, &mut op.tally);
+            self.look_at_front(Ring::Claims, now, &mut op.tally);
             let need = record.bytes();
             if !self.make_room(need, 1, op.limits, now, &mut op.tally) {
                 return Err(self.full_error(&op.limits, now, need));
@@ -682,7 +711,7 @@ impl Shard {
                     hash: op.hash,
                     stamp: record.stamp,
                 };
-                self.upkeep(now, &mut op.tally);
+                self.look_at_front(Ring::Claims, now, &mut op.tally);
                 self.claims.push_back(entry);
                 return Ok(Claimed::Poisoned {
                     crashes,
@@ -707,7 +736,7 @@ impl Shard {
             hash: op.hash,
             stamp: record.stamp,
         };
-        self.upkeep(now, &mut op.tally);
+        self.look_at_front(Ring::Claims, now, &mut op.tally);
         self.claims.push_back(entry);
         Ok(Claimed::Acquired {
             generation,
@@ -728,7 +757,7 @@ impl Shard {
             .find_mut(op.hash, op.key)
             .filter(|r| r.held_by(token, now))
             .ok_or(Error::LeaseLost)?;
-        let before = record.bytes();
+        let (before, claimed) = (record.bytes(), record.stamp);
         record.set_payload(result);
         record.state = State::Completed;
         record.stamp = stamp(&mut self.last_stamp, now);
@@ -738,7 +767,8 @@ impl Shard {
             hash: op.hash,
             stamp: record.stamp,
         };
-        self.upkeep(now, &mut op.tally);
+        self.unfile_claim(op.hash, claimed);
+        self.expire_completed(now, &mut op.tally);
         self.file_completed(ttl, entry);
         // The result is kept whatever the room; older records make room for it if they can. A
         // floor of at least 1 ns keeps this one, whose age is 0.
@@ -801,7 +831,7 @@ impl Shard {
         let Some(record) = self.records.find_mut(op.hash, op.key) else {
             return;
         };
-        let before = record.bytes();
+        let (before, claimed) = (record.bytes(), record.stamp);
         record.set_payload(&[]);
         record.state = State::Released;
         record.stamp = stamp(&mut self.last_stamp, op.now);
@@ -810,8 +840,18 @@ impl Shard {
             hash: op.hash,
             stamp: record.stamp,
         };
-        self.upkeep(op.now, &mut op.tally);
+        self.unfile_claim(op.hash, claimed);
+        self.look_at_front(Ring::Released, op.now, &mut op.tally);
         self.released.push_back(entry);
+    }
+
+    /// Takes the entry a claim had in the ring of claims off its back, when it is there: a claim
+    /// completed or released before another claim on its shard, as most are, then leaves no
+    /// stale entry for the ring's upkeep to look up.
+    fn unfile_claim(&mut self, hash: u64, stamp: u64) {
+        if self.claims.back() == Some(&Entry { hash, stamp }) {
+            self.claims.pop_back();
+        }
     }
 
     /// Appends a completed record's entry to the order of its TTL. A shard keeps [`MAX_TTLS`]
@@ -836,9 +876,9 @@ impl Shard {
         self.completed[at].entries.push_back(entry);
     }
 
-    /// Drops the expired records at the front of each order: [`UPKEEP`] entries of each looked
-    /// at, at most.
-    fn upkeep(&mut self, now: u64, tally: &mut Tally) {
+    /// Drops the expired records at the front of each order of completed records: [`UPKEEP`]
+    /// entries of each looked at, at most. What every completion does first.
+    fn expire_completed(&mut self, now: u64, tally: &mut Tally) {
         for at in 0..self.completed.len() {
             for _ in 0..UPKEEP {
                 let order = &self.completed[at];
@@ -848,19 +888,23 @@ impl Shard {
                 if entry.stamp.saturating_add(order.ttl) > now {
                     break; // Nothing due in this order yet.
                 }
-                match self.records.holder(entry) {
+                match self.records.take_if(entry, |r| r.expires <= now) {
                     // A longer TTL than its order's: see `file_completed`.
-                    Some(record) if record.expires > now => break,
-                    Some(_) => tally.expired += u64::from(self.remove(entry)),
-                    None => {}
+                    Found::Kept => break,
+                    Found::Taken(record) => self.dropped(&record, tally),
+                    Found::Stale => {}
                 }
                 self.completed[at].entries.pop_front();
             }
         }
-        for ring in [Ring::Released, Ring::Claims] {
-            for _ in 0..UPKEEP {
-                self.sweep(ring, 1, now, |_, _| false, tally);
-            }
+    }
+
+    /// Looks at [`UPKEEP`] entries at the front of `ring`, dropping the records there that
+    /// expired. What every operation that files an entry in a ring does first: so that the ring
+    /// holds about as many stale entries as live ones at most.
+    fn look_at_front(&mut self, ring: Ring, now: u64, tally: &mut Tally) {
+        for _ in 0..UPKEEP {
+            self.sweep(ring, 1, now, |_, _| false, tally);
         }
     }
 
@@ -879,13 +923,13 @@ impl Shard {
             let Some(entry) = self.ring(ring).pop_front() else {
                 return false;
             };
-            match self.records.holder(entry) {
-                None => {}
-                Some(record) if record.expires <= now || give_up(record, now) => {
-                    tally.expired += u64::from(self.remove(entry));
+            match (self.records).take_if(entry, |r| r.expires <= now || give_up(r, now)) {
+                Found::Stale => {}
+                Found::Kept => self.ring(ring).push_back(entry),
+                Found::Taken(record) => {
+                    self.dropped(&record, tally);
                     return true;
                 }
-                Some(_) => self.ring(ring).push_back(entry),
             }
         }
         false
@@ -898,13 +942,10 @@ impl Shard {
         }
     }
 
-    /// Takes the record that holds `entry` out of the shard. `false` when none does.
-    fn remove(&mut self, entry: Entry) -> bool {
-        let Some(record) = self.records.take(entry) else {
-            return false;
-        };
+    /// Takes a record that went without forgetting a result off the shard's bytes.
+    fn dropped(&mut self, record: &Record, tally: &mut Tally) {
         self.bytes -= record.bytes();
-        true
+        tally.expired += 1;
     }
 
     /// Gives records up, in the policy's order, until `records` more records of `bytes` more
@@ -948,21 +989,24 @@ impl Shard {
                 return false;
             };
             let age = now.saturating_sub(entry.stamp);
-            if let Some(record) = self.records.holder(entry) {
-                let expired = record.expires <= now;
-                if !expired && age < floor {
-                    return false;
-                }
-                self.remove(entry);
-                if expired {
-                    tally.expired += 1;
+            let taken = match self
+                .records
+                .take_if(entry, |r| r.expires <= now || age >= floor)
+            {
+                Found::Kept => return false,
+                Found::Stale => None,
+                Found::Taken(record) => Some(record),
+            };
+            self.completed[at].entries.pop_front();
+            if let Some(record) = taken {
+                if record.expires <= now {
+                    self.dropped(&record, tally);
                 } else {
+                    self.bytes -= record.bytes();
                     tally.evicted(age);
                 }
-                self.completed[at].entries.pop_front();
                 return true;
             }
-            self.completed[at].entries.pop_front();
         }
         false
     }
@@ -1011,82 +1055,61 @@ fn stamp(last_stamp: &mut u64, now: u64) -> u64 {
     *last_stamp
 }
 
-/// A shard's records, filed by the hash of their scope and key.
-#[derive(Default)]
+/// A shard's records, filed by the hash of their scope and key that std's `RandomState`
+/// computed once for the operation. hashbrown's `HashTable` takes that hash as it is, where
+/// std's `HashMap` would hash it again on every lookup: four more SipHashes a job, which put the
+/// store at 2.1–2.5 times a bare `Mutex<HashMap>` in `benches/memory_store.rs` at 10 thousand
+/// records (2 is its floor).
 struct Records {
-    map: HashMap<u64, Box<Record>>,
-    /// Records whose hash the map already files another key under: two keys share a 64-bit
-    /// hash about once in 2^64 pairs, and this is nearly always empty.
-    collided: Vec<(u64, Box<Record>)>,
+    table: HashTable<Box<Record>>,
+    /// The store's hasher, for the table to place records again when it grows.
+    hasher: RandomState,
 }
 
 impl Records {
     fn len(&self) -> usize {
-        self.map.len() + self.collided.len()
+        self.table.len()
     }
 
     fn iter(&self) -> impl Iterator<Item = &Record> {
-        let collided = self.collided.iter().map(|(_, r)| r);
-        self.map.values().chain(collided).map(|r| &**r)
+        self.table.iter().map(|r| &**r)
     }
 
-    // Each lookup tries `collided` first: it is nearly always empty, and a key is in one place
-    // or the other.
-
     fn find(&self, hash: u64, key: StoreKey<'_>) -> Option<&Record> {
-        match self.collided(hash, |r| r.is(key)) {
-            Some(at) => Some(&self.collided[at].1),
-            None => self.map.get(&hash).filter(|r| r.is(key)).map(|r| &**r),
-        }
+        self.table.find(hash, |r| r.is(key)).map(|r| &**r)
     }
 
     fn find_mut(&mut self, hash: u64, key: StoreKey<'_>) -> Option<&mut Record> {
-        match self.collided(hash, |r| r.is(key)) {
-            Some(at) => Some(&mut self.collided[at].1),
-            None => self
-                .map
-                .get_mut(&hash)
-                .filter(|r| r.is(key))
-                .map(|r| &mut **r),
+        self.table.find_mut(hash, |r| r.is(key)).map(|r| &mut **r)
+    }
+
+    /// Takes the record that holds `entry` out if `give_up` picks it.
+    fn take_if(&mut self, entry: Entry, give_up: impl FnOnce(&Record) -> bool) -> Found {
+        match self
+            .table
+            .find_entry(entry.hash, |r| r.stamp == entry.stamp)
+        {
+            Err(_) => Found::Stale,
+            Ok(slot) if give_up(slot.get()) => Found::Taken(slot.remove().0),
+            Ok(_) => Found::Kept,
         }
     }
 
-    /// The record that holds `entry`, if one still does.
-    fn holder(&self, entry: Entry) -> Option<&Record> {
-        match self.collided(entry.hash, |r| r.stamp == entry.stamp) {
-            Some(at) => Some(&self.collided[at].1),
-            None => (self.map.get(&entry.hash))
-                .filter(|r| r.stamp == entry.stamp)
-                .map(|r| &**r),
-        }
-    }
-
-    /// Takes the record that holds `entry` out, if one still does.
-    fn take(&mut self, entry: Entry) -> Option<Box<Record>> {
-        if let Some(at) = self.collided(entry.hash, |r| r.stamp == entry.stamp) {
-            return Some(self.collided.swap_remove(at).1);
-        }
-        match self.map.entry(entry.hash) {
-            hash_map::Entry::Occupied(slot) if slot.get().stamp == entry.stamp => {
-                Some(slot.remove())
-            }
-            _ => None,
-        }
-    }
-
-    /// Files a record of a key the shard does not hold.
+    /// Files the record of a key the shard does not hold.
     fn insert(&mut self, hash: u64, record: Box<Record>) {
-        match self.map.entry(hash) {
-            hash_map::Entry::Vacant(slot) => {
-                slot.insert(record);
-            }
-            hash_map::Entry::Occupied(_) => self.collided.push((hash, record)),
-        }
+        let hasher = &self.hasher;
+        (self.table).insert_unique(hash, record, |r| hasher.hash_one(r.name()));
     }
+}
 
-    fn collided(&self, hash: u64, is: impl Fn(&Record) -> bool) -> Option<usize> {
-        self.collided.iter().position(|(h, r)| *h == hash && is(r))
-    }
+/// What [`Records::take_if`] found for an entry.
+enum Found {
+    /// No record holds the entry any more.
+    Stale,
+    /// The record that holds it, left in place.
+    Kept,
+    /// The record that holds it, taken out.
+    Taken(Box<Record>),
 }
 
 /// What a record holds.
@@ -1146,8 +1169,12 @@ impl Record {
         };
         let fp_len = fingerprint.map_or(Ok(NO_FINGERPRINT), len)?;
         let parts = [key.scope, key.key, fingerprint.unwrap_or(""), token];
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for part in parts {
+            data.extend_from_slice(part.as_bytes());
+        }
         Ok(Record {
-            data: parts.concat().into_bytes().into_boxed_slice(),
+            data: data.into_boxed_slice(),
             scope_len: len(key.scope)?,
             key_len: len(key.key)?,
             fp_len,
@@ -1162,6 +1189,15 @@ impl Record {
     /// What the record counts against the bound (see the [module docs](self#how-it-counts-bytes)).
     fn bytes(&self) -> usize {
         RECORD_OVERHEAD + self.data.len()
+    }
+
+    /// The scope and the key, as [`MemoryStore`] hashes them.
+    fn name(&self) -> (&str, &str) {
+        let (scope, rest) = self.data.split_at(self.scope_len as usize);
+        let key = &rest[..self.key_len as usize];
+        // The bytes were copied from `&str`s: they are UTF-8.
+        let text = |bytes| std::str::from_utf8(bytes).unwrap_or_default();
+        (text(scope), text(key))
     }
 
     fn is(&self, key: StoreKey<'_>) -> bool {
@@ -1189,7 +1225,10 @@ impl Record {
 
     fn set_payload(&mut self, payload: &[u8]) {
         let prefix = &self.data[..self.prefix()];
-        self.data = [prefix, payload].concat().into_boxed_slice();
+        let mut data = Vec::with_capacity(prefix.len() + payload.len());
+        data.extend_from_slice(prefix);
+        data.extend_from_slice(payload);
+        self.data = data.into_boxed_slice();
     }
 
     /// `token` holds a live claim on this record.
