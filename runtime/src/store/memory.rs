@@ -33,9 +33,9 @@
 //! and passes over 64 entries of an order at most looking for one.
 //!
 //! Expired records go a few at a time, so that no operation holds a lock for long however many
-//! expire at once: a completion looks at the front of each of its shard's orders of completed
-//! records (below), and a claim or a release at two entries at the front of the ring it files
-//! an entry in, and each drops the records it finds there expired.
+//! expire at once: each operation that files an entry in one of its shard's orders (below) looks
+//! at two entries at the front of that order first, and a claim of a new key at the front of
+//! every order, and each drops the records it finds there expired.
 //!
 //! # How it counts bytes
 //!
@@ -80,7 +80,7 @@
 //! An entry stands for its record while the record holds its stamp (unique in the shard). A
 //! record that moves to another order, or leaves, takes a new stamp or none, and leaves its old
 //! entry behind, *stale*: it is dropped when it comes to the front. Every entry filed pays for
-//! two looks at each order's front, so an order holds about as many stale entries as live ones
+//! two looks at its order's front, so an order holds about as many stale entries as live ones
 //! at most.
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
@@ -88,7 +88,7 @@ use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
@@ -318,8 +318,7 @@ impl MemoryStore {
     /// Runs `f` on `key`'s shard, with the key's hash and the time read once, then reports what
     /// it gave up.
     fn with_shard<R>(&self, key: StoreKey<'_>, f: impl FnOnce(&mut Shard, &mut Op<'_>) -> R) -> R {
-        // The scope and the key are hashed as a pair: `("ab", "c")` and `("a", "bc")` differ.
-        let hash = self.inner.hasher.hash_one((key.scope, key.key));
+        let hash = hash_key(&self.inner.hasher, key.scope, key.key);
         let mut op = Op {
             key,
             hash,
@@ -655,6 +654,8 @@ impl Shard {
         let Some(record) = self.records.find_mut(op.hash, op.key) else {
             // A key the shard does not hold: its first claim here.
             let mut record = Box::new(fresh()?);
+            self.expire_completed(now, &mut op.tally);
+            self.look_at_front(Ring::Released, now, &mut op.tally);
             self.look_at_front(Ring::Claims, now, &mut op.tally);
             let need = record.bytes();
             if !self.make_room(need, 1, op.limits, now, &mut op.tally) {
@@ -877,7 +878,7 @@ impl Shard {
     }
 
     /// Drops the expired records at the front of each order of completed records: [`UPKEEP`]
-    /// entries of each looked at, at most. What every completion does first.
+    /// entries of each looked at, at most.
     fn expire_completed(&mut self, now: u64, tally: &mut Tally) {
         for at in 0..self.completed.len() {
             for _ in 0..UPKEEP {
@@ -1049,6 +1050,16 @@ impl Shard {
     }
 }
 
+/// The hash a key is filed under: std's SipHash, keyed at random, of its scope and key, with the
+/// scope's length so that `("ab", "c")` and `("a", "bc")` differ.
+fn hash_key(hasher: &RandomState, scope: &str, key: &str) -> u64 {
+    let mut h = hasher.build_hasher();
+    h.write(scope.as_bytes());
+    h.write(key.as_bytes());
+    h.write_usize(scope.len());
+    h.finish()
+}
+
 /// The next stamp of a shard: unique and increasing, `now` when it can be.
 fn stamp(last_stamp: &mut u64, now: u64) -> u64 {
     *last_stamp = now.max(*last_stamp + 1);
@@ -1098,7 +1109,11 @@ impl Records {
     /// Files the record of a key the shard does not hold.
     fn insert(&mut self, hash: u64, record: Box<Record>) {
         let hasher = &self.hasher;
-        (self.table).insert_unique(hash, record, |r| hasher.hash_one(r.name()));
+        let rehash = |r: &Box<Record>| {
+            let (scope, key) = r.name();
+            hash_key(hasher, scope, key)
+        };
+        self.table.insert_unique(hash, record, rehash);
     }
 }
 

@@ -323,22 +323,29 @@ async fn expired_records_are_dropped_a_few_at_a_time() {
     fill(&s, "a", 2_000, Duration::from_secs(1)).await;
     // (A millisecond more: the 4,000 stamps of a paused instant run ahead of it.)
     tokio::time::advance(Duration::from_millis(1_001)).await;
-    // Each job's completion looks at a few entries at the front of its shard's orders of
-    // completed records (its claim, at the ring of claims: nothing expired there).
-    let mut jobs = 0;
+    // Each claim of a new key looks at a few entries at the front of its shard's orders, and
+    // drops the expired records there; its release looks at the ring of released keys.
+    let mut claims = 0;
     while s.stats().expired < 2_000 {
+        let key = format!("b{claims}");
+        let k = StoreKey {
+            scope: "s",
+            key: &key,
+        };
         let before = s.stats().expired;
-        fill(&s, &format!("b{jobs}."), 1, Duration::from_secs(3600)).await;
+        assert_eq!(claim(&s, k, "t"), Claim::Acquired);
+        s.release(k, "t").await.unwrap();
         assert!(s.stats().expired - before <= UPKEEP as u64, "bounded work");
-        jobs += 1;
+        claims += 1;
     }
-    assert!(jobs >= 2_000 / UPKEEP, "{jobs}");
-    let (completed, _, _, records) = entries(&s);
+    assert!(claims >= 2_000 / UPKEEP, "{claims}");
+    let (completed, released, _, records) = entries(&s);
+    assert_eq!(completed, 0);
     assert_eq!(
-        (completed, records),
-        (jobs, jobs),
-        "only the new jobs' records are left"
+        records, claims,
+        "only the released keys' histories are left"
     );
+    assert!(released <= 2 * claims, "{released}");
 }
 
 #[tokio::test(start_paused = true)]
