@@ -1108,12 +1108,12 @@ impl Records {
 
     /// Files the record of a key the shard does not hold.
     fn insert(&mut self, hash: u64, record: Box<Record>) {
+        // When the table grows, it asks each record's hash again.
         let hasher = &self.hasher;
-        let rehash = |r: &Box<Record>| {
+        self.table.insert_unique(hash, record, |r| {
             let (scope, key) = r.name();
             hash_key(hasher, scope, key)
-        };
-        self.table.insert_unique(hash, record, rehash);
+        });
     }
 }
 
