@@ -2,17 +2,11 @@
 //!
 //! # What it keeps, and for how long
 //!
-//! A [`MemoryStore`] keeps, for each key:
-//!
-//! - a claim, for its lease and past it until its TTL, so that the next claim can find a lapsed
-//!   one and count it as a crash;
-//! - a completed record, for its TTL;
-//! - a released key's history (its generation and crash count), until its claim's TTL;
-//! - a poisoned key, for its TTL,
-//!
-//! within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
-//! [`MemoryStoreBuilder::max_bytes`]; how a record is counted is below). [`MemoryStore::stats`]
-//! says what it holds now.
+//! A [`MemoryStore`] keeps a claim for its lease and past it until its TTL (so that the next
+//! claim can count a lapsed one as a crash), a completed record for its TTL, a released key's
+//! history (its generation and crash count) until its claim's TTL, and a poisoned key for its
+//! TTL: all within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
+//! [`MemoryStoreBuilder::max_bytes`]). [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store gives records up, one at a time, in this order:
 //!
@@ -33,55 +27,47 @@
 //! and passes over 64 entries of an order at most looking for one.
 //!
 //! Expired records go a few at a time, so that no operation holds a lock for long however many
-//! expire at once: each operation that files an entry in one of its shard's orders (below) looks
-//! at two entries at the front of that order first, and a claim of a new key at the front of
-//! every order, and each drops the records it finds there expired.
+//! expire at once: an operation that files an entry in one of its shard's orders (below) first
+//! looks at two entries at the front of that order, a claim of a new key at the front of every
+//! order, and each drops the expired records it finds there.
 //!
 //! # How it counts bytes
 //!
 //! A record counts 172 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
-//! and payload (the claim's token while claimed, the result once completed, nothing otherwise).
-//! A job with a 12-byte scope, a 20-byte key and a 58-byte result counts 262 bytes once
-//! completed, so the default bound holds about a million of them. The 172 bytes are:
+//! and payload (the claim's token while claimed, the result once completed, nothing otherwise):
+//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 262 bytes once
+//! completed, and the default bound holds about a million of them. The 172 bytes are:
 //!
 //! - 72 for the record's fixed part, which the table holds boxed;
-//! - 32 for the allocator's header and rounding on the record's two allocations (its fixed part,
-//!   and its bytes);
+//! - 32 for the allocator's header and rounding on the record's two allocations;
 //! - 36 for its slot in the table (an 8-byte pointer and a control byte), four times over: a
 //!   hash table keeps slots empty, and hashbrown's settles, as records come and go, at between
 //!   about 2.3 and 4.6 slots a record;
 //! - 32 for its entry in an order (16 bytes), twice over: a `VecDeque` keeps spare room, and an
 //!   order may hold a stale entry for a while.
 //!
-//! That is an estimate, checked against what the allocator hands out by
-//! `tests/memory_store_bound.rs`; the store's own memory may be a few percent over it when a
-//! table happens to sit at the top of that range. Not counted: the shards themselves (a few
-//! kilobytes), and room that a table or an order took for more records than it holds now (they
-//! keep it, for the records that follow).
+//! An estimate, checked against the allocator's own figures by `tests/memory_store_bound.rs`: the
+//! store's memory may be a few percent over it when a table sits at the top of that range. Not
+//! counted: the shards themselves (a few kilobytes), and the room a table or an order took for
+//! more records than it holds now (they keep it for the records that follow).
 //!
 //! # How it is built
 //!
-//! Sixteen shards, each behind a `Mutex`, so that claims of different keys from many threads
-//! rarely wait for each other, and a map that grows holds up a sixteenth of the store. A key
-//! goes to the shard its hash picks; each shard holds a sixteenth of the bound.
+//! Sixteen shards behind a `Mutex` each, so that claims of different keys from many threads
+//! rarely wait for each other, and a table that grows holds up a sixteenth of the store; each
+//! shard holds a sixteenth of the bound. A key's hash, from std's `RandomState` (keyed at random,
+//! so that nobody can pick keys that collide), computed once an operation, picks its shard and
+//! files its record in the shard's hashbrown `HashTable`; the record keeps its scope and key, to
+//! tell its key from another of the same hash.
 //!
-//! A shard files its records in a hashbrown `HashTable` under a hash of their scope and key from
-//! std's `RandomState` (keyed at random, so that nobody can pick keys that collide), computed once
-//! an operation; each record keeps its scope and key, to tell a key from another of the same
-//! hash. Every record is also
-//! in exactly one of the shard's orders, `VecDeque`s of (hash, stamp) entries, by its state:
-//!
-//! - completed records, oldest first, in one order per TTL: within one TTL the oldest record is
-//!   also the first to expire, so each order's front says when something is due;
-//! - released keys' histories, and claims and poisoned keys, in two rings: each look at an entry
-//!   at the front either drops its record or moves the entry to the back, so that every record
-//!   is looked at in turn.
-//!
-//! An entry stands for its record while the record holds its stamp (unique in the shard). A
-//! record that moves to another order, or leaves, takes a new stamp or none, and leaves its old
-//! entry behind, *stale*: it is dropped when it comes to the front. Every entry filed pays for
-//! two looks at its order's front, so an order holds about as many stale entries as live ones
-//! at most.
+//! Every record is also in exactly one of its shard's orders, `VecDeque`s of (hash, stamp)
+//! entries, by its state: completed records oldest first, one order per TTL (within one TTL, the
+//! oldest record is the first to expire); released keys' histories in one ring, claims and
+//! poisoned keys in another (a look at a ring's front drops the entry's record, or moves the
+//! entry to the back). An entry stands for its record while the record holds its stamp, unique
+//! in the shard; a record that moves to another order, or leaves, leaves its entry behind,
+//! *stale*, dropped when it comes to the front. Every entry filed pays for two looks at its
+//! order's front, so an order holds about as many stale entries as live ones at most.
 
 use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
 use crate::Error;
@@ -652,7 +638,8 @@ impl Shard {
         let keep = now.saturating_add(nanos(options.ttl));
         let fresh = || Record::claimed(op.key, token, options.fingerprint, lease_end, keep);
         let Some(record) = self.records.find_mut(op.hash, op.key) else {
-            // A key the shard does not hold: its first claim here.
+            // A key the shard does not hold: its first claim here, which adds a record, so it
+            // looks at the front of every order first.
             let mut record = Box::new(fresh()?);
             self.expire_completed(now, &mut op.tally);
             self.look_at_front(Ring::Released, now, &mut op.tally);
@@ -662,10 +649,11 @@ impl Shard {
                 return Err(self.full_error(&op.limits, now, need));
             }
             record.stamp = stamp(&mut self.last_stamp, now);
-            self.claims.push_back(Entry {
+            let entry = Entry {
                 hash: op.hash,
                 stamp: record.stamp,
-            });
+            };
+            self.claims.push_back(entry);
             self.bytes += need;
             self.records.insert(op.hash, record);
             return Ok(Claimed::Acquired {
@@ -680,6 +668,9 @@ impl Shard {
                 (Some(theirs), Some(ours)) if theirs != ours.as_bytes()
             );
             crashes = record.crashes;
+            let in_progress = |lease_end| Claimed::InProgress {
+                retry_in: Duration::from_nanos(lease_end - now),
+            };
             match record.state {
                 State::Completed if reused => return Ok(Claimed::KeyReused),
                 State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
@@ -689,31 +680,21 @@ impl Shard {
                         first: false,
                     });
                 }
+                State::Claimed { lease_end } if lease_end > now && reused => {
+                    return Ok(Claimed::KeyReused);
+                }
                 State::Claimed { lease_end } if lease_end > now => {
-                    return Ok(if reused {
-                        Claimed::KeyReused
-                    } else {
-                        Claimed::InProgress {
-                            retry_in: Duration::from_nanos(lease_end - now),
-                        }
-                    });
+                    return Ok(in_progress(lease_end));
                 }
                 // Abandoned: its worker died (or stalled past its lease). Counted.
                 State::Claimed { .. } => crashes = crashes.saturating_add(1),
                 State::Released => {}
             }
             if options.crashes > 0 && crashes >= options.crashes {
-                let before = record.bytes();
-                record.set_payload(&[]);
-                (record.state, record.crashes, record.expires) = (State::Poisoned, crashes, keep);
-                record.stamp = stamp(&mut self.last_stamp, now);
-                self.bytes = self.bytes - before + record.bytes();
-                let entry = Entry {
-                    hash: op.hash,
-                    stamp: record.stamp,
-                };
-                self.look_at_front(Ring::Claims, now, &mut op.tally);
-                self.claims.push_back(entry);
+                self.refile(op, |r| {
+                    r.set_payload(&[]);
+                    (r.state, r.crashes, r.expires) = (State::Poisoned, crashes, keep);
+                });
                 return Ok(Claimed::Poisoned {
                     crashes,
                     first: true,
@@ -725,20 +706,14 @@ impl Shard {
         }
         // The new claim takes the record over, numbered after it.
         let generation = record.generation.saturating_add(1);
-        let before = record.bytes();
-        *record = Record {
-            generation,
-            crashes,
-            stamp: stamp(&mut self.last_stamp, now),
-            ..fresh()?
-        };
-        self.bytes = self.bytes - before + record.bytes();
-        let entry = Entry {
-            hash: op.hash,
-            stamp: record.stamp,
-        };
-        self.look_at_front(Ring::Claims, now, &mut op.tally);
-        self.claims.push_back(entry);
+        let fresh = fresh()?;
+        self.refile(op, |r| {
+            *r = Record {
+                generation,
+                crashes,
+                ..fresh
+            }
+        });
         Ok(Claimed::Acquired {
             generation,
             crashes,
@@ -752,39 +727,27 @@ impl Shard {
         result: &[u8],
         ttl: Duration,
     ) -> Result<(), Error> {
-        let (now, ttl) = (op.now, nanos(ttl));
-        let record = self
-            .records
-            .find_mut(op.hash, op.key)
-            .filter(|r| r.held_by(token, now))
-            .ok_or(Error::LeaseLost)?;
-        let (before, claimed) = (record.bytes(), record.stamp);
-        record.set_payload(result);
-        record.state = State::Completed;
-        record.stamp = stamp(&mut self.last_stamp, now);
-        record.expires = now.saturating_add(ttl);
-        self.bytes = self.bytes - before + record.bytes();
-        let entry = Entry {
-            hash: op.hash,
-            stamp: record.stamp,
-        };
-        self.unfile_claim(op.hash, claimed);
-        self.expire_completed(now, &mut op.tally);
-        self.file_completed(ttl, entry);
+        let held = self.records.find(op.hash, op.key);
+        if !held.is_some_and(|r| r.held_by(token, op.now)) {
+            return Err(Error::LeaseLost);
+        }
+        let expires = op.now.saturating_add(nanos(ttl));
+        self.refile(op, |r| {
+            r.set_payload(result);
+            (r.state, r.expires) = (State::Completed, expires);
+        });
         // The result is kept whatever the room; older records make room for it if they can. A
         // floor of at least 1 ns keeps this one, whose age is 0.
         let limits = Limits {
             min_retention: op.limits.min_retention.max(1),
             ..op.limits
         };
-        self.make_room(0, 0, limits, now, &mut op.tally);
+        self.make_room(0, 0, limits, op.now, &mut op.tally);
         Ok(())
     }
 
     fn renew(&mut self, op: &Op<'_>, token: &str, lease: Duration) -> Result<(), Error> {
-        let record = self
-            .records
-            .find_mut(op.hash, op.key)
+        let record = (self.records.find_mut(op.hash, op.key))
             .filter(|r| r.held_by(token, op.now))
             .ok_or(Error::LeaseLost)?;
         let lease_end = op.now.saturating_add(nanos(lease));
@@ -797,7 +760,7 @@ impl Shard {
     fn release(&mut self, op: &mut Op<'_>, token: &str) {
         let held = self.records.find(op.hash, op.key);
         if held.is_some_and(|r| r.held_by(token, op.now)) {
-            self.free(op);
+            self.refile(op, Record::free);
         }
     }
 
@@ -819,39 +782,54 @@ impl Shard {
             State::Claimed { lease_end } if lease_end > now => false,
             State::Released => std::mem::replace(&mut record.crashes, 0) > 0,
             State::Poisoned | State::Claimed { .. } => {
-                record.crashes = 0;
-                self.free(op);
+                self.refile(op, |r| {
+                    r.crashes = 0;
+                    r.free();
+                });
                 true
             }
         }
     }
 
-    /// Makes the key's record a released key's history: no payload, its generation, crash count
-    /// and expiry kept, in the ring of released keys.
-    fn free(&mut self, op: &mut Op<'_>) {
+    /// Changes the key's record with `change`, counts its bytes again, and files it under a new
+    /// stamp in the order its state now calls for, after two looks at that order's front. Its
+    /// old entry is left stale; a claim's, usually the last filed in the ring of claims when
+    /// the claim completes or is released, is taken off at once, for the ring not to look up.
+    fn refile(&mut self, op: &mut Op<'_>, change: impl FnOnce(&mut Record)) {
+        let (now, tally) = (op.now, &mut op.tally);
         let Some(record) = self.records.find_mut(op.hash, op.key) else {
             return;
         };
-        let (before, claimed) = (record.bytes(), record.stamp);
-        record.set_payload(&[]);
-        record.state = State::Released;
-        record.stamp = stamp(&mut self.last_stamp, op.now);
+        let (before, old) = (record.bytes(), record.stamp);
+        change(record);
+        record.stamp = stamp(&mut self.last_stamp, now);
         self.bytes = self.bytes - before + record.bytes();
+        let (state, ttl) = (record.state, record.expires.saturating_sub(now));
         let entry = Entry {
             hash: op.hash,
             stamp: record.stamp,
         };
-        self.unfile_claim(op.hash, claimed);
-        self.look_at_front(Ring::Released, op.now, &mut op.tally);
-        self.released.push_back(entry);
-    }
-
-    /// Takes the entry a claim had in the ring of claims off its back, when it is there: a claim
-    /// completed or released before another claim on its shard, as most are, then leaves no
-    /// stale entry for the ring's upkeep to look up.
-    fn unfile_claim(&mut self, hash: u64, stamp: u64) {
-        if self.claims.back() == Some(&Entry { hash, stamp }) {
+        if self.claims.back()
+            == Some(&Entry {
+                stamp: old,
+                ..entry
+            })
+        {
             self.claims.pop_back();
+        }
+        match state {
+            State::Completed => {
+                self.expire_completed(now, tally);
+                self.file_completed(ttl, entry);
+            }
+            State::Released => {
+                self.look_at_front(Ring::Released, now, tally);
+                self.released.push_back(entry);
+            }
+            State::Claimed { .. } | State::Poisoned => {
+                self.look_at_front(Ring::Claims, now, tally);
+                self.claims.push_back(entry);
+            }
         }
     }
 
@@ -1236,6 +1214,12 @@ impl Record {
 
     fn payload(&self) -> &[u8] {
         &self.data[self.prefix()..]
+    }
+
+    /// A released key's history: no payload, its generation, crash count and expiry kept.
+    fn free(&mut self) {
+        self.set_payload(&[]);
+        self.state = State::Released;
     }
 
     fn set_payload(&mut self, payload: &[u8]) {
