@@ -838,21 +838,20 @@ impl Shard {
     /// longest, where it may be dropped later than its TTL says (never replayed after it), or
     /// hold up the records behind it until it expires.
     fn file_completed(&mut self, ttl: u64, entry: Entry) {
-        let at = match self.completed.iter().position(|o| o.ttl == ttl) {
-            Some(at) => at,
-            None => {
-                self.completed.retain(|o| !o.entries.is_empty());
-                if self.completed.len() < MAX_TTLS {
-                    self.completed.push(TtlOrder {
-                        ttl,
-                        entries: VecDeque::new(),
-                    });
-                }
-                let longest = (0..self.completed.len()).max_by_key(|&at| self.completed[at].ttl);
-                longest.unwrap_or_default()
+        if !self.completed.iter().any(|o| o.ttl == ttl) {
+            self.completed.retain(|o| !o.entries.is_empty());
+            if self.completed.len() < MAX_TTLS {
+                let entries = VecDeque::new();
+                self.completed.push(TtlOrder { ttl, entries });
             }
+        }
+        let order = match self.completed.iter().position(|o| o.ttl == ttl) {
+            Some(at) => at,
+            None => (0..self.completed.len())
+                .max_by_key(|&at| self.completed[at].ttl)
+                .unwrap_or_default(),
         };
-        self.completed[at].entries.push_back(entry);
+        self.completed[order].entries.push_back(entry);
     }
 
     /// Drops the expired records at the front of each order of completed records: [`UPKEEP`]
@@ -956,14 +955,16 @@ impl Shard {
         fits(self)
     }
 
-    /// Gives up the oldest completed record if it expired or completed at least `floor` ago,
-    /// passing over up to [`MAX_SKIPS`] stale entries. `false` when it gave nothing up.
+    /// Gives up a completed record: one that expired at the front of an order, else the oldest
+    /// if it completed at least `floor` ago, passing over up to [`MAX_SKIPS`] stale entries.
+    /// `false` when it gave nothing up.
     fn give_up_oldest_completed(&mut self, floor: u64, now: u64, tally: &mut Tally) -> bool {
         for _ in 0..MAX_SKIPS {
-            // The oldest entry is at the front of one of the orders.
+            // The fronts of the orders: those due first, then the oldest.
             let Some((at, entry)) = (self.completed.iter().enumerate())
-                .filter_map(|(at, order)| Some((at, *order.entries.front()?)))
-                .min_by_key(|(_, entry)| entry.stamp)
+                .filter_map(|(at, order)| Some((at, *order.entries.front()?, order.ttl)))
+                .min_by_key(|&(_, entry, ttl)| (entry.stamp.saturating_add(ttl) > now, entry.stamp))
+                .map(|(at, entry, _)| (at, entry))
             else {
                 return false;
             };

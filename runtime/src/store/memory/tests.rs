@@ -689,3 +689,63 @@ async fn a_ttl_past_the_orders_a_shard_keeps_is_never_replayed_after_it() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn room_is_made_from_an_expired_record_behind_a_young_older_one() {
+    // 2,200 bytes a shard. On one shard: "young", completed first with a long TTL and within the
+    // floor, then six records whose TTL ends first (about 276 bytes each, as "young").
+    let s = MemoryStore::builder()
+        .max_bytes(SHARDS * 2_200)
+        .min_retention(Duration::from_secs(3600))
+        .build();
+    let shard_of = |key: &str| hash_key(&s.inner.hasher, "s", key) % SHARDS as u64;
+    let keys: Vec<String> = (0..10_000).map(|i| format!("k{i}")).collect();
+    let mine: Vec<StoreKey<'_>> = (keys.iter().filter(|k| shard_of(k) == 0))
+        .map(|key| StoreKey { scope: "s", key })
+        .take(8)
+        .collect();
+    let [young, short @ .., new] = &mine[..] else {
+        panic!("eight keys")
+    };
+    let (young, new) = (*young, *new);
+    fill_one(&s, young, Duration::from_secs(24 * 3600)).await;
+    for &key in short {
+        fill_one(&s, key, Duration::from_secs(1)).await;
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The claim drops two of them on its way, and so does its completion; its 1,300-byte
+    // result needs a fifth's room, which the oldest record, young, cannot give.
+    assert_eq!(claim(&s, new, "t"), Claim::Acquired);
+    s.complete(new, "t", &[1; 1_300], LEASE).await.unwrap();
+    let stats = s.stats();
+    assert_eq!((stats.expired, stats.evicted), (5, 0), "{stats:?}");
+    assert!(stats.bytes <= 2_200, "{stats:?}");
+    assert_eq!(s.completed(young), Some(vec![7; 100]));
+}
+
+async fn fill_one(s: &MemoryStore, key: StoreKey<'_>, ttl: Duration) {
+    assert_eq!(claim(s, key, "t"), Claim::Acquired);
+    s.complete(key, "t", &[7; 100], ttl).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_first_record_of_a_ttl_opens_its_order() {
+    let s = MemoryStore::new();
+    fill_one(&s, K, Duration::from_secs(60)).await;
+    let other = StoreKey {
+        scope: "s",
+        key: "other",
+    };
+    fill_one(&s, other, Duration::from_secs(1)).await;
+    let orders: Vec<(u64, usize)> = (s.inner.shards.iter())
+        .flat_map(|shard| {
+            let shard = lock(shard);
+            let orders = shard.completed.iter();
+            orders.map(|o| (o.ttl, o.entries.len())).collect::<Vec<_>>()
+        })
+        .filter(|&(_, entries)| entries > 0)
+        .collect();
+    let mut orders = orders;
+    orders.sort();
+    assert_eq!(orders, [(1_000_000_000, 1), (60_000_000_000, 1)]);
+}
