@@ -668,9 +668,6 @@ impl Shard {
                 (Some(theirs), Some(ours)) if theirs != ours.as_bytes()
             );
             crashes = record.crashes;
-            let in_progress = |lease_end| Claimed::InProgress {
-                retry_in: Duration::from_nanos(lease_end - now),
-            };
             match record.state {
                 State::Completed if reused => return Ok(Claimed::KeyReused),
                 State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
@@ -684,7 +681,8 @@ impl Shard {
                     return Ok(Claimed::KeyReused);
                 }
                 State::Claimed { lease_end } if lease_end > now => {
-                    return Ok(in_progress(lease_end));
+                    let retry_in = Duration::from_nanos(lease_end - now);
+                    return Ok(Claimed::InProgress { retry_in });
                 }
                 // Abandoned: its worker died (or stalled past its lease). Counted.
                 State::Claimed { .. } => crashes = crashes.saturating_add(1),
