@@ -337,10 +337,16 @@ async fn the_bound_holds_against_the_allocator() {
                     scope: "bench.charge",
                     key: &name,
                 };
-                assert_eq!(store.claim(k, "t", None, LEASE).await, Ok(Claim::Acquired));
+                assert_eq!(
+                    store.claim_plain(k, "t", None, LEASE).await,
+                    Ok(Claim::Acquired)
+                );
                 if id % 10 == 0 {
                     store.release(k, "t").await.unwrap();
-                    assert_eq!(store.claim(k, "u", None, LEASE).await, Ok(Claim::Acquired));
+                    assert_eq!(
+                        store.claim_plain(k, "u", None, LEASE).await,
+                        Ok(Claim::Acquired)
+                    );
                     store.complete(k, "u", &result, LEASE * 10).await.unwrap();
                 } else {
                     store.complete(k, "t", &result, LEASE * 10).await.unwrap();

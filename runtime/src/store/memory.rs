@@ -5,7 +5,7 @@
 //! A [`MemoryStore`] keeps a claim for its lease and past it until its TTL (so that the next
 //! claim can count a lapsed one as a crash), a completed record for its TTL, a released key's
 //! history (its generation and crash count) until its claim's TTL, and a poisoned key for its
-//! TTL: all within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
+//! TTL, with who holds its letter role: all within a bound in bytes ([`DEFAULT_MAX_BYTES`], 256 MiB, unless set with
 //! [`MemoryStoreBuilder::max_bytes`]). [`MemoryStore::stats`] says what it holds now.
 //!
 //! When a new record would not fit, the store gives records up, one at a time, in this order:
@@ -69,7 +69,7 @@
 //! *stale*, dropped when it comes to the front. Every entry filed pays for two looks at its
 //! order's front, so an order holds about as many stale entries as live ones at most.
 
-use super::{Claim, ClaimOptions, Claimed, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
@@ -121,17 +121,21 @@ const GAUGE_EVERY: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use jobguard::store::memory::MemoryStore;
-/// use jobguard::{Claim, Store, StoreKey};
+/// use jobguard::{ClaimOptions, Claimed, Store, StoreKey};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), jobguard::Error> {
 /// let store = MemoryStore::new();
 /// let key = StoreKey { scope: "payments.charge", key: "order-A" };
-/// assert_eq!(store.claim(key, "t1", None, Duration::from_secs(30)).await?, Claim::Acquired);
-/// assert!(matches!(store.claim(key, "t2", None, Duration::from_secs(30)).await?, Claim::InProgress { .. }));
+/// let options = ClaimOptions::new(Duration::from_secs(30));
+/// assert_eq!(
+///     store.claim(key, "t1", options).await?,
+///     Claimed::Acquired { generation: 1, crashes: 0 }
+/// );
+/// assert!(matches!(store.claim(key, "t2", options).await?, Claimed::InProgress { .. }));
 /// store.complete(key, "t1", b"{}", Duration::from_secs(60)).await?;
-/// assert_eq!(store.claim(key, "t3", None, Duration::from_secs(30)).await?, Claim::Completed(b"{}".to_vec()));
+/// assert_eq!(store.claim(key, "t3", options).await?, Claimed::Completed(b"{}".to_vec()));
 /// assert_eq!(store.stats().records, 1);
 /// # Ok(())
 /// # }
@@ -341,20 +345,6 @@ impl Store for MemoryStore {
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
-        fingerprint: Option<&'a str>,
-        lease: Duration,
-    ) -> StoreFuture<'a, Claim> {
-        let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-        match self.claim_counted(key, token, &options) {
-            Ok(Claimed::Acquired { .. }) => Box::pin(poll_fn(|_| Poll::Ready(Ok(Claim::Acquired)))),
-            other => Box::pin(std::future::ready(other.and_then(Claimed::into_claim))),
-        }
-    }
-
-    fn claim_with<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
         Box::pin(std::future::ready(self.claim_counted(key, token, &options)))
@@ -394,10 +384,15 @@ impl Store for MemoryStore {
         let forgiven = self.with_shard(key, |shard, op| shard.forgive(op));
         Box::pin(std::future::ready(Ok(forgiven)))
     }
+
+    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        self.with_shard(key, |shard, op| shard.lettered(op));
+        done(Ok(()))
+    }
 }
 
 /// `result` as a [`StoreFuture`]. `Ok` is a [`poll_fn`] of a closure that captures nothing: of no
-/// size, so that boxing it allocates nothing (as [`Store::claim`]'s `Acquired` is).
+/// size, so that boxing it allocates nothing.
 fn done<'a>(result: Result<(), Error>) -> StoreFuture<'a, ()> {
     match result {
         Ok(()) => Box::pin(poll_fn(|_| Poll::Ready(Ok(())))),
@@ -671,11 +666,20 @@ impl Shard {
             match record.state {
                 State::Completed if reused => return Ok(Claimed::KeyReused),
                 State::Completed => return Ok(Claimed::Completed(record.payload().to_vec())),
-                State::Poisoned => {
-                    return Ok(Claimed::Poisoned {
-                        crashes,
-                        first: false,
-                    });
+                State::Poisoned { letter_until } => {
+                    // The letter role goes to this claim when no letter is confirmed and no
+                    // other claim holds it.
+                    let letter = match letter_until {
+                        LETTERED => Letter::Written,
+                        until if until > now => Letter::Held,
+                        _ => {
+                            record.state = State::Poisoned {
+                                letter_until: lease_end,
+                            };
+                            Letter::Yours
+                        }
+                    };
+                    return Ok(Claimed::Poisoned { crashes, letter });
                 }
                 State::Claimed { lease_end } if lease_end > now && reused => {
                     return Ok(Claimed::KeyReused);
@@ -691,11 +695,14 @@ impl Shard {
             if options.crashes > 0 && crashes >= options.crashes {
                 self.refile(op, |r| {
                     r.set_payload(&[]);
-                    (r.state, r.crashes, r.expires) = (State::Poisoned, crashes, keep);
+                    r.state = State::Poisoned {
+                        letter_until: lease_end,
+                    };
+                    (r.crashes, r.expires) = (crashes, keep);
                 });
                 return Ok(Claimed::Poisoned {
                     crashes,
-                    first: true,
+                    letter: Letter::Yours,
                 });
             }
         } else {
@@ -779,13 +786,24 @@ impl Shard {
             State::Completed => false,
             State::Claimed { lease_end } if lease_end > now => false,
             State::Released => std::mem::replace(&mut record.crashes, 0) > 0,
-            State::Poisoned | State::Claimed { .. } => {
+            State::Poisoned { .. } | State::Claimed { .. } => {
                 self.refile(op, |r| {
                     r.crashes = 0;
                     r.free();
                 });
                 true
             }
+        }
+    }
+
+    /// Confirms a poisoned key's dead letter ([`Store::lettered`]): no later claim gets the
+    /// letter role.
+    fn lettered(&mut self, op: &Op<'_>) {
+        if let Some(record) = self.records.find_mut(op.hash, op.key)
+            && let State::Poisoned { letter_until } = &mut record.state
+            && record.expires > op.now
+        {
+            *letter_until = LETTERED;
         }
     }
 
@@ -824,7 +842,7 @@ impl Shard {
                 self.look_at_front(Ring::Released, now, tally);
                 self.released.push_back(entry);
             }
-            State::Claimed { .. } | State::Poisoned => {
+            State::Claimed { .. } | State::Poisoned { .. } => {
                 self.look_at_front(Ring::Claims, now, tally);
                 self.claims.push_back(entry);
             }
@@ -1007,7 +1025,7 @@ impl Shard {
         // no longer refuses its key).
         let (live_claims, poisoned) = self.records.iter().fold((0, 0), |(live, poisoned), r| {
             let is_live = matches!(r.state, State::Claimed { lease_end } if lease_end > now);
-            let is_poisoned = r.state == State::Poisoned && r.expires > now;
+            let is_poisoned = matches!(r.state, State::Poisoned { .. }) && r.expires > now;
             (
                 live + usize::from(is_live),
                 poisoned + usize::from(is_poisoned),
@@ -1113,9 +1131,14 @@ enum State {
     Completed,
     /// A released claim: only the key's generation and crash count are kept.
     Released,
-    /// A job refused for good: its crash count reached its limit.
-    Poisoned,
+    /// A job refused for its TTL: its crash count reached its limit. The letter role is held
+    /// until `letter_until` (the lease's end of the claim that got it), or for good,
+    /// [`LETTERED`], once the letter is confirmed.
+    Poisoned { letter_until: u64 },
 }
+
+/// The `letter_until` of a poisoned key whose dead letter is confirmed.
+const LETTERED: u64 = u64::MAX;
 
 /// One `(scope, key)`'s record.
 struct Record {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::testing::{Claim, PlainClaim};
 
 const K: StoreKey<'static> = StoreKey {
     scope: "s",
@@ -15,7 +16,7 @@ fn claim_now(
     lease: Duration,
 ) -> Result<Claim, Error> {
     let options = ClaimOptions::new(lease).fingerprint(fingerprint).crashes(0);
-    s.claim_counted(key, token, &options)?.into_claim()
+    Claim::of(s.claim_counted(key, token, &options)?)
 }
 
 fn claim(s: &MemoryStore, key: StoreKey<'_>, token: &str) -> Claim {
@@ -368,19 +369,19 @@ async fn abandoned_claims_are_counted_until_the_key_is_poisoned() {
         counted(&s, "e", 3),
         Claimed::Poisoned {
             crashes: 3,
-            first: true
+            letter: Letter::Yours
         }
     );
     assert_eq!(
         counted(&s, "f", 3),
         Claimed::Poisoned {
             crashes: 3,
-            first: false
+            letter: Letter::Held
         },
-        "refused for good, reported once"
+        "refused; the claim that poisoned it holds the letter role"
     );
     assert_eq!(
-        s.claim(K, "g", None, LEASE).await,
+        s.claim_plain(K, "g", None, LEASE).await,
         Err(Error::Poisoned { crashes: 3 })
     );
     assert_eq!(s.complete(K, "d", b"x", LEASE).await, Err(Error::LeaseLost));
@@ -414,7 +415,10 @@ async fn poison(s: &MemoryStore, options: &ClaimOptions<'_>) {
     tokio::time::advance(LEASE).await;
     assert!(matches!(
         s.claim_counted(K, "b", options).unwrap(),
-        Claimed::Poisoned { first: true, .. }
+        Claimed::Poisoned {
+            letter: Letter::Yours,
+            ..
+        }
     ));
 }
 
@@ -478,7 +482,10 @@ async fn a_poisoned_record_is_never_given_up_for_room_before_its_ttl() {
         let k = StoreKey { scope: "s", key };
         assert!(matches!(
             s.claim_counted(k, "b", &options).unwrap(),
-            Claimed::Poisoned { first: true, .. }
+            Claimed::Poisoned {
+                letter: Letter::Yours,
+                ..
+            }
         ));
     }
     for i in 0..2_000 {
@@ -493,19 +500,16 @@ async fn a_poisoned_record_is_never_given_up_for_room_before_its_ttl() {
             .unwrap();
     }
     assert!(s.stats().evicted >= 1_500, "{:?}", s.stats());
-    assert_eq!(
+    // Still poisoned, not claimed (no letter was confirmed: the role is handed out again).
+    assert!(matches!(
         s.claim_counted(K, "c", &options).unwrap(),
-        Claimed::Poisoned {
-            crashes: 1,
-            first: false
-        },
-        "still poisoned: not claimed, not lettered again"
-    );
+        Claimed::Poisoned { crashes: 1, .. }
+    ));
     for key in &poisoned {
         let k = StoreKey { scope: "s", key };
         assert!(matches!(
             s.claim_counted(k, "c", &options).unwrap(),
-            Claimed::Poisoned { first: false, .. }
+            Claimed::Poisoned { crashes: 1, .. }
         ));
     }
 }
@@ -519,7 +523,7 @@ async fn a_poisoned_key_is_refused_for_its_ttl() {
     tokio::time::advance(ttl - Duration::from_secs(1)).await;
     assert!(matches!(
         s.claim_counted(K, "c", &options).unwrap(),
-        Claimed::Poisoned { first: false, .. }
+        Claimed::Poisoned { .. }
     ));
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(matches!(
@@ -564,7 +568,10 @@ async fn a_forgiven_key_is_kept_as_a_released_keys_history() {
     tokio::time::advance(LEASE).await;
     assert!(matches!(
         s.claim_counted(K, "e", &options).unwrap(),
-        Claimed::Poisoned { first: true, .. }
+        Claimed::Poisoned {
+            letter: Letter::Yours,
+            ..
+        }
     ));
     tokio::time::advance(ttl).await;
     assert_eq!(s.forgive(K).await, Ok(false));
@@ -750,4 +757,35 @@ async fn the_first_record_of_a_ttl_opens_its_order() {
         .filter(|&(_, entries)| entries > 0)
         .collect();
     assert_eq!(orders, [(60_000_000_000, 1), (1_000_000_000, 1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_letter_role_is_handed_out_again_until_a_letter_is_confirmed() {
+    let s = MemoryStore::new();
+    let options = ClaimOptions::new(LEASE).crashes(1);
+    poison(&s, &options).await; // Its last claim, "b", got the role, for its lease.
+    let letter = |token| match s.claim_counted(K, token, &options).unwrap() {
+        Claimed::Poisoned { letter, .. } => letter,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(letter("c"), Letter::Held, "b's lease holds the role");
+    tokio::time::advance(LEASE).await;
+    assert_eq!(
+        letter("d"),
+        Letter::Yours,
+        "b confirmed no letter: d gets the role"
+    );
+    assert_eq!(letter("e"), Letter::Held);
+    s.lettered(K).await.unwrap();
+    assert_eq!(letter("f"), Letter::Written);
+    tokio::time::advance(LEASE).await;
+    assert_eq!(letter("g"), Letter::Written, "for good");
+    // Nothing for a key that is not poisoned.
+    let other = StoreKey {
+        scope: "s",
+        key: "other",
+    };
+    assert_eq!(claim(&s, other, "t"), Claim::Acquired);
+    s.lettered(other).await.unwrap();
+    assert!(matches!(claim(&s, other, "u"), Claim::InProgress { .. }));
 }
