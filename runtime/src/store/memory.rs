@@ -1064,7 +1064,7 @@ fn stamp(last_stamp: &mut u64, now: u64) -> u64 {
 /// A shard's records, filed by the hash of their scope and key that std's `RandomState`
 /// computed once for the operation. hashbrown's `HashTable` takes that hash as it is, where
 /// std's `HashMap` would hash it again on every lookup: four more SipHashes a job, which put the
-/// store at 2.1–2.5 times a bare `Mutex<HashMap>` in `benches/memory_store.rs` at 10 thousand
+/// store at 2.1–2.5 times a bare `Mutex<HashMap>` in `suite/benches/memory_store.rs` at 10 thousand
 /// records (2 is its floor).
 struct Records {
     table: HashTable<Box<Record>>,
