@@ -213,40 +213,19 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                 let __jobguard_spec: Spec<'_> =       // a `static __JOBGUARD_SPEC` when it
 //                     Spec::of(&__JOBGUARD_JOB, &__JOBGUARD_POLICY)  // has no key, sink or
 //                         .key(&__jobguard_key);      // payload, and a `const` policy
-//                 let mut __jobguard_attempt = async || { body };  // one attempt
-//                 '__jobguard_call: {
-//                     // The first attempt, holding nothing else: an `Ok` ends the call here.
-//                     let __jobguard_went = match Retry::first(&__jobguard_spec,
-//                         __jobguard_attempt()).await
+//                 let mut __jobguard_retry =          // the call's state; `Guard::of(..)`
+//                     Retry::new(&__jobguard_spec, Guard::none());  // with a breaker, a
+//                 loop {                                  // timeout or a budget
+//                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
+//                         .round(async { body }, transient, accept)  // one attempt, its error
+//                         .await                                     // and `Ok` classifiers
 //                     {
-//                         ControlFlow::Break(__jobguard_done) => break '__jobguard_call __jobguard_done,
-//                         ControlFlow::Continue(__jobguard_went) => __jobguard_went,
-//                     };
-//                     async {                             // the rounds after it, in a future of
-//                         let mut __jobguard_retry =      // their own: the caller's drop glue of
-//                             __jobguard_went.resume(&__jobguard_spec);  // the job stays small
-//                         loop {                          // (and inlined); the first round
-//                             if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
-//                                 .attempt(__jobguard_attempt(), transient)  // settles attempt
-//                                 .await                  // 1's failure
-//                             {
-//                                 break __jobguard_done;
-//                             }
-//                         }
+//                         break __jobguard_done;
 //                     }
-//                     .await
 //                 }
 //             })
 //             .await
 //     }
-//
-// The tail's shape is measured (BENCHMARKS.md, "Ninth round"): a `match` whose arm awaits keeps
-// its scrutinee (the first attempt's output) in the caller's frame across that await, hence
-// the labelled block and the `let`; and the rounds in an `async` block of their own keep the
-// job future's drop glue small enough to be inlined into its caller.
-//
-// A `timeout`, a `budget`, an `on_ok` classifier or a transaction keeps the plain loop:
-// `let mut __jobguard_retry = Retry::new(&spec); loop { ... .attempt(async { body }, ..) ... }`.
 fn expand(
     func: ItemFn,
     retry: Option<&RetryArgs>,
@@ -474,9 +453,8 @@ fn payload_binding(r: &RetryArgs, krate: &TokenStream) -> Option<TokenStream> {
     ))
 }
 
-/// The retry loop around `body`, the attempt: an `async` block's tokens, or, as
-/// `Attempt::Stmts`, the body's statements, which the loop makes into an `async` closure when
-/// the call can start on its inline first attempt (see `Retry::first`).
+/// The retry loop around `body`, the attempt: the body's statements (made into an `async`
+/// block) or an expression that makes the attempt's future.
 fn retry_loop(
     r: &RetryArgs,
     krate: &TokenStream,
@@ -555,24 +533,23 @@ fn retry_loop(
             name,
         )
     };
-    // The breaker is evaluated once per call and handed to each round, so that the success
-    // path asks it at an address it holds in a register. Through a call, not a `let` of a
-    // reference: a `const` breaker (a new one wherever it is named, never tripping across calls)
-    // stays a compile error, as a temporary dropped while borrowed.
+    // The breaker is evaluated once per call and handed to the call's guard. Through a call,
+    // not a `let` of a reference: a `const` breaker (a new one wherever it is named, never
+    // tripping across calls) stays a compile error, as a temporary dropped while borrowed.
     let breaker_once = r.breaker.as_ref().map(
         |b| quote_spanned!(b.span()=> let __jobguard_breaker = #krate::__private::breaker(&#b);),
     );
     let timed = r.timeout.is_some() || r.budget.is_some();
-    let (method, breaker_arg) = match (timed, r.breaker.is_some()) {
-        (true, true) => (
-            "attempt_guarded",
-            quote!(::core::option::Option::Some(__jobguard_breaker),),
-        ),
-        (true, false) => ("attempt_guarded", quote!(::core::option::Option::None,)),
-        (false, true) => ("attempt_permitted", quote!(__jobguard_breaker,)),
-        (false, false) => ("attempt", quote!()),
+    // On the return type, where a bound the error type misses (`From<jobguard::Error>` when
+    // something of jobguard's can fail the attempt) is reported once.
+    let guard = respanned(&quote!(#krate::__private::Guard), ret.span());
+    let guard = match (&r.breaker, timed) {
+        (Some(_), _) => {
+            quote_spanned!(ret.span()=> #guard::of(::core::option::Option::Some(__jobguard_breaker)))
+        }
+        (None, true) => quote_spanned!(ret.span()=> #guard::of(::core::option::Option::None)),
+        (None, false) => quote_spanned!(ret.span()=> #guard::none()),
     };
-    let method = Ident::new(method, ret.span());
     // Each path carries, `krate` included, the span of the tokens it is about: a path whose
     // tokens mix spans is reported on the whole attribute.
     let classify = match &r.on {
@@ -595,73 +572,29 @@ fn retry_loop(
             }
         }
     };
-    let on_ok = r.on_ok.as_ref().map(|k| {
-        let krate = respanned(krate, k.span());
-        quote_spanned! {k.span()=>
-            .on_ok(|__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value))
+    let on_ok = match &r.on_ok {
+        Some(k) => {
+            let krate = respanned(krate, k.span());
+            quote_spanned! {k.span()=>
+                |__jobguard_value: &_| #krate::__private::classify_ok(#k, __jobguard_value)
+            }
         }
-    });
-    // The call carries the return type's span: a bound the error type misses (`Transient`, or
-    // `From<jobguard::Error>` when guarded) is then reported once, there, rather than once there
-    // and again on the whole attribute.
-    let head = quote! {
+        None => quote!(#krate::__private::accept),
+    };
+    let retry = respanned(&quote!(#krate::__private::Retry), ret.span());
+    let body = body.into_block();
+    // The round carries the return type's span: a bound the error type misses (`Transient`,
+    // `Display`) is then reported once, there, rather than once there and again on the whole
+    // attribute.
+    let round = quote_spanned!(ret.span()=> __jobguard_retry.round(#body, #classify, #on_ok).await);
+    quote! {
         static __JOBGUARD_JOB: #krate::__private::Job = #krate::__private::Job::new(#job);
         #policy
         #spec
         #breaker_once
-    };
-    match body {
-        // A call whose first attempt can succeed inline starts with it, holding nothing else;
-        // the loop goes on from what it hands over. The attempt is an `async` closure, called
-        // for each attempt, so that the body is compiled once.
-        Attempt::Stmts(stmts) if !timed && on_ok.is_none() => {
-            let first = match &r.breaker {
-                Some(_) => Ident::new("first_permitted", ret.span()),
-                None => Ident::new("first", ret.span()),
-            };
-            let retry = respanned(&quote!(#krate::__private::Retry), ret.span());
-            let first = quote_spanned!(ret.span()=>
-                #retry::#first(&#spec_name, #breaker_arg __jobguard_attempt()).await
-            );
-            let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg __jobguard_attempt(), #classify).await);
-            let rounds = rounds(call);
-            quote! {
-                #head
-                #[allow(unused_mut)]
-                let mut __jobguard_attempt = #krate::__private::attempts(async || { #stmts });
-                '__jobguard_call: {
-                    let __jobguard_went = match #first {
-                        ::core::ops::ControlFlow::Break(__jobguard_done) => {
-                            break '__jobguard_call __jobguard_done;
-                        }
-                        ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
-                    };
-                    async {
-                        let mut __jobguard_retry = __jobguard_went.resume(&#spec_name);
-                        #rounds
-                    }
-                    .await
-                }
-            }
-        }
-        body => {
-            let body = body.into_block();
-            let call = quote_spanned!(ret.span()=> __jobguard_retry.#method(#breaker_arg #body, #classify) #on_ok .await);
-            let rounds = rounds(call);
-            quote! {
-                #head
-                let mut __jobguard_retry = #krate::__private::Retry::new(&#spec_name);
-                #rounds
-            }
-        }
-    }
-}
-
-/// The loop of rounds: `call` (one round, awaited) until it breaks with the call's result.
-fn rounds(call: TokenStream) -> TokenStream {
-    quote! {
+        let mut __jobguard_retry = #retry::new(&#spec_name, #guard);
         loop {
-            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #call {
+            if let ::core::ops::ControlFlow::Break(__jobguard_done) = #round {
                 break __jobguard_done;
             }
         }

@@ -153,39 +153,31 @@ impl Delivery {
 /// `None` outside a guarded call. Inside one, the attempt's number (from 1), the delivery in
 /// scope, and when the attempt started.
 pub fn attempt() -> Option<Attempt> {
-    let current = CURRENT.get();
-    if current == OUTSIDE {
+    let number = NUMBER.get();
+    if number == 0 {
         return None;
     }
+    // Asked during the attempt's first poll: it started in this poll.
     let started = match STARTED.get() {
-        Some(started) if current & HAS_START != 0 => started,
-        _ => {
-            // Asked during the attempt's first poll: it started in this poll.
-            let started = Instant::now();
-            STARTED.set(Some(started));
-            CURRENT.set(current | HAS_START);
-            started
+        Some(started) => started,
+        None => {
+            let now = Instant::now();
+            STARTED.set(Some(now));
+            now
         }
     };
     Some(Attempt {
-        number: current as u32,
+        number,
         delivery: Delivery::current(),
         started,
         fence: fence(),
     })
 }
 
-/// No guarded call is running on this thread.
-const OUTSIDE: u64 = 0;
-/// Set beside the number when [`STARTED`] holds the running attempt's start. The top bit, so
-/// that testing it is a sign test.
-const HAS_START: u64 = 1 << 63;
-
 thread_local! {
-    /// The attempt whose body is being polled on this thread: its number in the low 32 bits,
-    /// and [`HAS_START`]; [`OUTSIDE`] when none is.
-    static CURRENT: Cell<u64> = const { Cell::new(OUTSIDE) };
-    /// The running attempt's start, when [`CURRENT`] has [`HAS_START`].
+    /// The number of the attempt whose body is being polled on this thread; 0 when none is.
+    static NUMBER: Cell<u32> = const { Cell::new(0) };
+    /// That attempt's start, once known: given by the engine, or read when the body first asks.
     static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
     /// The generation of the claim whose body is being polled on this thread; [`NO_FENCE`] when
     /// none is (or its store does not number claims).
@@ -276,102 +268,29 @@ pub fn fence() -> Option<u64> {
     }
 }
 
-/// Polls `poll` with attempt `number` as the attempt in the body, its start `started` when it is
-/// known, and keeps the start it learned in `started`. The attempt outside (a guarded call
-/// inside another) is put back afterwards, also when `poll` panics.
-///
-/// An attempt that knows no start yet is polled as by [`poll_first`], which it is on its first
-/// poll; one that knows it shares the start cell with the attempt outside.
-#[inline(always)]
+/// Polls `poll` with attempt `number` as the attempt in the body and `started` as its start
+/// (when known), and keeps in `started` the start the body learned by asking. The attempt
+/// outside (a guarded call inside another) is put back afterwards, also when `poll` panics.
 pub(crate) fn poll_in<R>(
     number: u32,
     started: &mut Option<Instant>,
     poll: impl FnOnce() -> R,
 ) -> R {
-    if started.is_some() {
-        let outer = CURRENT.replace(u64::from(number) | HAS_START);
-        return poll_in_sharing(outer, started, poll);
-    }
-    let (polled, learned) = poll_first(number, poll);
-    // The attempt asked for its start during this poll: keep it for its later polls.
-    *started = learned.started();
-    polled
-}
-
-/// What an attempt's first poll learned of the attempt's start ([`poll_first`]), read with
-/// [`Learned::started`] only if the attempt goes on.
-#[derive(Clone, Copy)]
-pub(crate) enum Learned {
-    /// The word the attempt left: its start is in the start cell when it has the start flag.
-    Word(u64),
-    /// The start itself, from a poll that shared the start cell with the attempt outside.
-    Start(Option<Instant>),
-}
-
-impl Learned {
-    /// The attempt's start, if it asked for it during the poll. Read before another attempt is
-    /// polled on this thread: the start cell is shared.
-    #[inline]
-    pub(crate) fn started(self) -> Option<Instant> {
-        match self {
-            Learned::Word(word) if word & HAS_START != 0 => STARTED.get(),
-            Learned::Word(_) => None,
-            Learned::Start(started) => started,
-        }
-    }
-}
-
-/// [`poll_in`] for an attempt's first poll, which knows no start yet: what the attempt learned
-/// of its start is returned, for the caller to read only if the attempt goes on (an attempt that
-/// finishes in its first poll needs it no more). One thread-local word in and out, one sign test.
-#[inline(always)]
-pub(crate) fn poll_first<R>(number: u32, poll: impl FnOnce() -> R) -> (R, Learned) {
-    /// Puts the attempt outside back, also when the body panics.
-    struct Restore(u64);
-    impl Drop for Restore {
-        #[inline(always)]
-        fn drop(&mut self) {
-            CURRENT.set(self.0);
-        }
-    }
-    let outer = CURRENT.replace(u64::from(number));
-    if outer & HAS_START != 0 {
-        let mut started = None;
-        let polled = poll_in_sharing(outer, &mut started, poll);
-        return (polled, Learned::Start(started));
-    }
-    let restore = Restore(outer);
-    let polled = poll();
-    let inner = CURRENT.get();
-    drop(restore);
-    (polled, Learned::Word(inner))
-}
-
-/// [`poll_in`] when the start cell is in use, by this attempt or by the one outside (`outer`):
-/// it is saved and put back around the poll. `CURRENT` holds this attempt's word already.
-#[cold]
-#[inline(never)]
-fn poll_in_sharing<R>(outer: u64, started: &mut Option<Instant>, poll: impl FnOnce() -> R) -> R {
-    struct Restore<'r> {
-        outer: u64,
-        outer_started: Option<Instant>,
-        started: &'r mut Option<Instant>,
+    struct Restore<'s> {
+        number: u32,
+        started: Option<Instant>,
+        learned: &'s mut Option<Instant>,
     }
     impl Drop for Restore<'_> {
         fn drop(&mut self) {
-            if CURRENT.replace(self.outer) & HAS_START != 0 {
-                *self.started = STARTED.get();
-            }
-            if self.outer & HAS_START != 0 {
-                STARTED.set(self.outer_started);
-            }
+            NUMBER.set(self.number);
+            *self.learned = STARTED.replace(self.started);
         }
     }
-    let outer_started = STARTED.replace(*started);
     let _restore = Restore {
-        outer,
-        outer_started,
-        started,
+        number: NUMBER.replace(number),
+        started: STARTED.replace(*started),
+        learned: started,
     };
     poll()
 }

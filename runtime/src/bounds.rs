@@ -163,12 +163,3 @@ impl<T, V: Into<Verdict>, K: FnOnce(&T) -> V> OkClassifier<T> for K {
         self(value).into()
     }
 }
-
-/// The body of a `#[retry]` job as an `async` closure called once per attempt: it must be
-/// callable more than once, so a body that moves a parameter out is refused here (E0507,
-/// "cannot move out of ..., a captured variable in an `AsyncFnMut` closure", which points at
-/// the parameter and the move, and suggests a clone).
-#[inline(always)]
-pub fn attempts<A: AsyncFnMut() -> R, R>(attempt: A) -> A {
-    attempt
-}

@@ -413,9 +413,9 @@ impl CircuitBreaker {
     }
 
     /// Asks to make one call. `Ok(permit)` when the breaker is closed, or half-open with a probe
-    /// slot free; report the call's outcome through the [`Permit`]. `Err(retry_in)` when it is
-    /// open (the time left in its cooldown), or half-open with every probe slot taken
-    /// ([`Duration::ZERO`]: a slot frees as soon as a probe settles).
+    /// slot free; report the call's outcome through the [`Permit`]. `Err(Open)` when it is open
+    /// ([`Open::retry_in`]: the time left in its cooldown), or half-open with every probe slot
+    /// taken (`retry_in` is zero then: a slot frees as soon as a probe settles).
     ///
     /// This is what `#[retry(breaker = ...)]` calls before every attempt. On a closed breaker it
     /// is one atomic load, and the permit's [`success`](Permit::success) one more.
@@ -431,82 +431,45 @@ impl CircuitBreaker {
     ///     Ok(permit) => permit.failure(), // the call failed transiently: the breaker opens
     ///     Err(_) => unreachable!("a new breaker is closed"),
     /// }
-    /// assert_eq!(breaker.acquire().err(), Some(Duration::from_secs(5)));
+    /// let open = breaker.acquire().unwrap_err();
+    /// assert_eq!(open.retry_in, Duration::from_secs(5));
     /// # }
     /// ```
-    #[inline]
-    pub fn acquire(&self) -> Result<Permit<'_>, Duration> {
+    pub fn acquire(&self) -> Result<Permit<'_>, Open> {
         let word = self.word.load(Ordering::Acquire);
         if word & STATE == CLOSED {
             return Ok(Permit {
                 breaker: self,
                 epoch: epoch_of(word),
-                probe: NOT_PROBE,
+                probe: false,
             });
         }
         self.acquire_slow(word)
     }
 
-    /// [`acquire`](Self::acquire) for the retry engine's inline path: a permit of the closed
-    /// state is only its epoch (it has nothing to release, so nothing is lost if the attempt
-    /// panics), which stays in a register until the outcome is known; a probe is the permit.
-    #[inline]
-    pub(crate) fn admit(&self) -> Admission<'_> {
-        let word = self.word.load(Ordering::Acquire);
-        if word & STATE == CLOSED {
-            return Admission::Closed(epoch_of(word));
-        }
-        match self.acquire_slow(word) {
-            Ok(permit) => Admission::Permit(permit),
-            Err(retry_in) => Admission::Refused(retry_in),
-        }
-    }
-
-    /// The closed state's epoch, when the breaker is closed: the check of a call's first
-    /// attempt on its inline path ([`First`](crate::retry::First)), which leaves every other
-    /// state (and a race it loses) to the engine's own admission.
-    #[inline]
-    pub(crate) fn closed_epoch(&self) -> Option<u32> {
-        let word = self.word.load(Ordering::Acquire);
-        (word & STATE == CLOSED).then(|| epoch_of(word))
-    }
-
-    /// The permit of the closed state in `epoch`, from [`admit`](Self::admit).
-    #[inline]
-    pub(crate) fn closed_permit(&self, epoch: u32) -> Permit<'_> {
-        Permit {
-            breaker: self,
-            epoch,
-            probe: NOT_PROBE,
-        }
-    }
-
-    /// [`Permit::success`] of the closed state's permit in `epoch`.
-    #[inline]
-    pub(crate) fn closed_succeeded(&self, epoch: u32) {
-        self.closed_success(epoch);
-    }
-
-    #[cold]
-    fn acquire_slow(&self, mut word: u64) -> Result<Permit<'_>, Duration> {
+    fn acquire_slow(&self, mut word: u64) -> Result<Permit<'_>, Open> {
         loop {
             let next = match word & STATE {
                 CLOSED => {
                     return Ok(Permit {
                         breaker: self,
                         epoch: epoch_of(word),
-                        probe: NOT_PROBE,
+                        probe: false,
                     });
                 }
                 OPEN => {
-                    let left = self.remaining(clock::now());
-                    if !left.is_zero() {
-                        return Err(left);
+                    let retry_in = self.remaining(clock::now());
+                    if !retry_in.is_zero() {
+                        return Err(Open { retry_in });
                     }
                     // The cooldown is over: turn half-open, taking the first probe slot.
                     pack(epoch_of(word).wrapping_add(1), 1, HALF_OPEN)
                 }
-                _ if probes_of(word) >= self.probes => return Err(Duration::ZERO),
+                _ if probes_of(word) >= self.probes => {
+                    return Err(Open {
+                        retry_in: Duration::ZERO,
+                    });
+                }
                 _ => word + PROBE,
             };
             match self
@@ -520,7 +483,7 @@ impl CircuitBreaker {
                     return Ok(Permit {
                         breaker: self,
                         epoch: epoch_of(next),
-                        probe: PROBE_PERMIT,
+                        probe: true,
                     });
                 }
                 Err(now) => word = now,
@@ -586,7 +549,6 @@ impl CircuitBreaker {
         }
     }
 
-    #[inline]
     fn closed_success(&self, epoch: u32) {
         match self.mode {
             Mode::Consecutive { .. } => {
@@ -661,7 +623,6 @@ impl CircuitBreaker {
         }
     }
 
-    #[cold]
     fn emit(&self, from: BreakerState, to: BreakerState) {
         crate::Runtime::current().emit(&Event::Breaker {
             breaker: self.name,
@@ -694,74 +655,69 @@ const fn clamp(n: u32, lo: u32, hi: u32) -> u32 {
 pub struct Permit<'a> {
     breaker: &'a CircuitBreaker,
     epoch: u32,
-    /// [`PROBE_PERMIT`] for a half-open probe, else [`NOT_PROBE`]: a word, not a `bool`, so
-    /// that a permit has no padding and moves as two words (with a `bool` and three bytes of
-    /// padding, an `Option<Permit>` was copied a byte at a time on the retry success path).
-    probe: u32,
+    /// Whether this is a half-open probe whose slot is still taken: cleared once its outcome is
+    /// reported, so that only a probe dropped unreported gives its slot back.
+    probe: bool,
 }
 
-/// A permit's `probe` word for a half-open probe.
-const PROBE_PERMIT: u32 = 1;
-/// A permit's `probe` word for a call admitted while closed.
-const NOT_PROBE: u32 = 0;
+/// The breaker refused a call, from [`acquire`](CircuitBreaker::acquire): it is open, or
+/// half-open with every probe slot taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Open {
+    /// How long until the breaker lets a probe through: the rest of its cooldown, or zero when
+    /// it is half-open and a slot frees as soon as a probe settles.
+    pub retry_in: Duration,
+}
 
-/// What [`CircuitBreaker::admit`] says.
-pub(crate) enum Admission<'a> {
-    /// Closed, in this epoch.
-    Closed(u32),
-    /// Admitted with this permit (a probe, or closed after a race).
-    Permit(Permit<'a>),
-    /// Open for this much longer.
-    Refused(Duration),
+impl std::fmt::Display for Open {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "circuit open, retry in {:?}", self.retry_in)
+    }
+}
+
+impl std::error::Error for Open {}
+
+impl From<Open> for crate::Error {
+    fn from(open: Open) -> Self {
+        crate::Error::CircuitOpen {
+            retry_in: open.retry_in,
+        }
+    }
 }
 
 impl Permit<'_> {
     /// Whether this call is a half-open probe: its outcome closes or re-opens the breaker.
     pub fn is_probe(&self) -> bool {
-        self.probe == PROBE_PERMIT
-    }
-
-    /// A permit of the closed state as its epoch (see [`CircuitBreaker::closed_permit`]), or a
-    /// probe's permit as it is.
-    pub(crate) fn into_closed(self) -> Result<u32, Self> {
-        if self.is_probe() {
-            return Err(self);
-        }
-        let epoch = self.epoch;
-        // A closed state's permit releases nothing when dropped.
-        core::mem::forget(self);
-        Ok(epoch)
+        self.probe
     }
 
     /// The call succeeded. A probe closes the breaker; otherwise the failure count is reset (or a
     /// success enters the window).
-    #[inline]
-    pub fn success(self) {
-        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.is_probe());
-        core::mem::forget(self);
-        if probe {
-            breaker.settle_probe(epoch, CLOSED);
+    pub fn success(mut self) {
+        if std::mem::take(&mut self.probe) {
+            self.breaker.settle_probe(self.epoch, CLOSED);
         } else {
-            breaker.closed_success(epoch);
+            self.breaker.closed_success(self.epoch);
         }
     }
 
     /// The call failed transiently. A probe re-opens the breaker for a fresh cooldown; otherwise
     /// the failure counts and may open it.
-    pub fn failure(self) {
-        let (breaker, epoch, probe) = (self.breaker, self.epoch, self.is_probe());
-        core::mem::forget(self);
-        if probe {
-            breaker.settle_probe(epoch, OPEN);
+    pub fn failure(mut self) {
+        if std::mem::take(&mut self.probe) {
+            self.breaker.settle_probe(self.epoch, OPEN);
         } else {
-            breaker.closed_failure(epoch);
+            self.breaker.closed_failure(self.epoch);
         }
     }
 }
 
+/// Dropped unreported (a permanent failure, or a call whose future was dropped): nothing is
+/// counted, and a probe gives its slot back.
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        if self.is_probe() {
+        if self.probe {
             self.breaker.release_probe(self.epoch);
         }
     }
@@ -794,30 +750,6 @@ pub(crate) mod clock {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_closed_permit_is_its_epoch_and_a_probe_stays_a_permit() {
-        let b = CircuitBreaker::new(1, Duration::ZERO);
-        let closed = b.acquire().unwrap();
-        let epoch = closed.epoch;
-        assert_eq!(closed.into_closed().ok(), Some(epoch));
-        // Rebuilt from its epoch, the permit reports as the one it was: the failure opens the
-        // breaker, which with no cooldown is half-open at once.
-        b.closed_permit(epoch).failure();
-        assert_eq!(b.state(), BreakerState::HalfOpen);
-        // The next admission is the probe, which stays a permit: dropped, it gives its slot back.
-        let probe = match b.admit() {
-            Admission::Permit(probe) => probe,
-            _ => panic!("a probe is admitted"),
-        };
-        assert!(probe.is_probe());
-        let probe = probe
-            .into_closed()
-            .expect_err("a probe is not a closed permit");
-        drop(probe);
-        assert_eq!(b.state(), BreakerState::HalfOpen);
-        assert!(matches!(b.admit(), Admission::Permit(p) if p.is_probe()));
-    }
 
     #[test]
     fn the_window_shifts_and_counts() {

@@ -307,7 +307,7 @@ pub mod __private {
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::{First, Payload, Resume, Retry, Spec, Went, breaker, sink};
+    pub use crate::retry::{Guard, Payload, Retry, Spec, accept, breaker, sink};
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, Savepoint};

@@ -6,55 +6,10 @@ use crate::record::{BreakerState, DeadLetter, GiveUp};
 use std::fmt;
 use std::time::Duration;
 
-/// Whether any runtime with an observer was ever built in this process. Until one is, a job
-/// raises its events without looking up the runtime in scope at all.
-static OBSERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Who sees a job call's events. Decided once, when the call starts ([`watch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Watch {
-    /// Nothing: no observer was ever built, the `metrics` integration is not compiled in, and
-    /// no `tracing` subscriber wants anything (or that integration is not compiled in either).
-    /// The call builds no event.
-    Nobody = 0,
-    /// The `metrics` integration only: no observer was ever built, and no `tracing` subscriber
-    /// wants anything when the call starts (or that integration is not compiled in). A call
-    /// that succeeds at once counts its attempt into the recorder and raises nothing else (the
-    /// success is no metric); its other events go to the integrations as they happen.
-    Metrics = 2,
-    /// The `metrics` and `tracing` integrations only: events skip the runtime lookup.
-    Integrations = 3,
-    /// A runtime with an observer exists: events go through the runtime in scope. (`1`, the
-    /// value of the flag that says so: a build without the integrations stores the flag as it
-    /// reads it.)
-    Observers = 1,
-}
-
-/// Who sees the events of a call starting now.
-///
-/// `tracing` listens when some subscriber, global or scoped to any thread, enables some level:
+/// Whether some `tracing` subscriber, global or scoped to any thread, enables some level:
 /// `LevelFilter::current()` is the most verbose level any live subscriber enables, and `OFF`
-/// when there is none. The `metrics` facade has no such answer (a recorder may be installed, or
-/// set for this thread only, at any time, and a recorder's calls cannot be told from a no-op's),
-/// so with that feature every call counts its attempts into whatever recorder is in scope.
-#[inline]
-pub(crate) fn watch() -> Watch {
-    if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) {
-        Watch::Observers
-    } else if tracing_listens() {
-        Watch::Integrations
-    } else if cfg!(feature = "metrics") {
-        Watch::Metrics
-    } else {
-        Watch::Nobody
-    }
-}
-
-/// Whether some `tracing` subscriber enables anything (see [`watch`]); `false` without the
-/// feature.
-#[inline]
-fn tracing_listens() -> bool {
+/// when there is none. `false` without the feature.
+pub(crate) fn tracing_listens() -> bool {
     #[cfg(feature = "tracing")]
     {
         ::tracing::level_filters::LevelFilter::current()
@@ -75,17 +30,14 @@ static TO_RUNTIME: std::sync::OnceLock<fn(&Event<'_>)> = std::sync::OnceLock::ne
 /// event. Called before that runtime can run a job.
 pub(crate) fn note_observer(to_runtime: fn(&Event<'_>)) {
     let _ = TO_RUNTIME.set(to_runtime);
-    OBSERVED.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Raises an event that no job call owns (a store's evictions): through the runtime in scope
 /// when a runtime with an observer exists, else to the `metrics` and `tracing` views alone.
 pub(crate) fn emit_unowned(event: &Event<'_>) {
     match TO_RUNTIME.get() {
-        Some(to_runtime) if OBSERVED.load(std::sync::atomic::Ordering::Relaxed) => {
-            to_runtime(event)
-        }
-        _ => record_job(event, None),
+        Some(to_runtime) => to_runtime(event),
+        None => record_job(event, None),
     }
 }
 
@@ -418,16 +370,7 @@ pub mod tracing;
 /// The built-in integrations' view of every event (`metrics` counters, `tracing` events); a
 /// no-op without those features.
 /// `job`, when given, is the event's job as `#[retry]` declares it, so its keys are made once.
-#[inline(always)]
 pub(crate) fn record_job(event: &Event<'_>, job: Option<&'static Job>) {
-    record_metrics(event, job);
-    #[cfg(feature = "tracing")]
-    self::tracing::record(event);
-}
-
-/// The `metrics` view of `event` alone (see [`Watch::Metrics`]); a no-op without that feature.
-#[inline(always)]
-pub(crate) fn record_metrics(event: &Event<'_>, job: Option<&'static Job>) {
     #[cfg(feature = "metrics")]
     match job {
         Some(job) => self::metrics::record_keyed(event, &job.metrics),
@@ -435,6 +378,8 @@ pub(crate) fn record_metrics(event: &Event<'_>, job: Option<&'static Job>) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (event, job);
+    #[cfg(feature = "tracing")]
+    self::tracing::record(event);
 }
 
 /// Writes an error-level line to the log: a `tracing` event (target `jobguard`) when that

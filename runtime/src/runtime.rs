@@ -130,9 +130,13 @@ impl Current {
     /// The runtime in scope, else `installed` as read when the job started, else the embedded one.
     #[inline]
     pub(crate) fn with_installed(installed: Option<&'static Runtime>) -> Current {
+        let outside = || Current::Static(installed.unwrap_or(&EMBEDDED));
+        if !IN_SCOPE.get() {
+            return outside();
+        }
         SCOPED
             .try_with(|scoped| Current::Scoped(scoped.clone()))
-            .unwrap_or_else(|_| Current::Static(installed.unwrap_or(&EMBEDDED)))
+            .unwrap_or_else(|_| outside())
     }
 
     /// An owned handle on the runtime.
@@ -155,6 +159,40 @@ impl std::ops::Deref for Current {
 
 tokio::task_local! {
     static SCOPED: Runtime;
+}
+
+thread_local! {
+    /// Whether a [`Runtime::scope`] is being polled on this thread: a call outside every scope
+    /// (most of them) then skips the task-local lookup.
+    static IN_SCOPE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`Runtime::scope`]: `fut` with the runtime in scope, and [`IN_SCOPE`] set
+    /// while it is polled.
+    struct InScope<F> {
+        #[pin]
+        fut: F,
+    }
+}
+
+impl<F: Future> Future for InScope<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        /// Puts the flag back, also when `fut` panics.
+        struct Restore(bool);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                IN_SCOPE.set(self.0);
+            }
+        }
+        let _restore = Restore(IN_SCOPE.replace(true));
+        self.project().fut.poll(cx)
+    }
 }
 
 static INSTALLED: OnceLock<Runtime> = OnceLock::new();
@@ -181,7 +219,10 @@ impl Runtime {
     /// Runs `fut` with this runtime in scope: every job it calls, on this task, uses it. Tests
     /// use this to give each case its own sinks, observer and seed.
     pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
-        SCOPED.scope(self.clone(), fut).await
+        InScope {
+            fut: SCOPED.scope(self.clone(), fut),
+        }
+        .await
     }
 
     /// The runtime a job started here would use.

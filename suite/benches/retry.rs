@@ -8,9 +8,7 @@
 //! `retry_success`: the first attempt succeeds. The work is as small as the peers' own examples
 //! (`async fn` returning `Ok(black_box(n) + 1)`), wrapped as a new user would: `#[retry(attempts =
 //! 5, base = "500ms", cap = "8s")]` (with and without a `static` breaker), `Policy::run`, backon's
-//! `ExponentialBuilder` and tokio-retry's `Retry::start` with the same curve. "floor" is not a
-//! contender: the least a wrapper that keeps `#[retry]`'s contract on this path can cost (a
-//! hand-written future in `support/success_path.rs`), for reading how far the engine is from it.
+//! `ExponentialBuilder` and tokio-retry's `Retry::start` with the same curve.
 //!
 //! `retry_fail3_then_succeed`: 4 attempts (3 retries), zero delay, no jitter, every error
 //! retried. The "bare" line is a hand-written `loop` that calls the work again until it
@@ -153,7 +151,6 @@ fn retry(c: &mut Criterion) {
     let mut group = c.benchmark_group("retry_success");
     answers!(group, &rt, "bare call", answer_bare);
     answers!(group, &rt, "#[retry]", answer_retry);
-    answers!(group, &rt, "floor", answer_floor);
     answers!(group, &rt, "#[retry] + breaker", answer_breaker);
     answers!(group, &rt, "Policy::run", answer_policy_run);
     answers!(group, &rt, "backon", answer_backon);

@@ -9,8 +9,7 @@
 //! ```
 //!
 //! `CONTENDER` is `bare`, `retry` or `breaker`: the success path of the same `async fn` as
-//! `benches/retry.rs` measures; `floor` is about the least a wrapper that keeps `attempt()` and a
-//! once-per-call observation check can cost (see `floor` in `support/success_path.rs`); `bare-call`, `tokio-retry`,
+//! `benches/retry.rs` measures; `bare-call`, `tokio-retry`,
 //! `policy-run` and `backon` are that bench's "bare call", tokio-retry, `Policy::run` and backon
 //! lines, as it writes them. Each contender runs in a loop of its own.
 //!
@@ -65,10 +64,9 @@ fn main() {
             "policy-run" => calls!(answer_policy_run, calls),
             "backon" => calls!(answer_backon, calls),
             "retry" => calls!(answer_retry, calls),
-            "floor" => calls!(answer_floor, calls),
             other => panic!(
                 "no contender {other:?}: bare, bare-call, tokio-retry, retry, breaker, policy-run, \
-                 backon, floor"
+                 backon"
             ),
         }
     });

@@ -71,12 +71,18 @@ async fn open_fails_fast_with_the_time_left_then_turns_half_open_after_the_coold
         .scope(async {
             let b = CircuitBreaker::new(1, SECS_10);
             fail(&b);
-            assert_eq!(b.acquire().err(), Some(SECS_10));
+            assert_eq!(b.acquire().err().map(|open| open.retry_in), Some(SECS_10));
             advance(Duration::from_secs(4)).await;
-            assert_eq!(b.acquire().err(), Some(Duration::from_secs(6)));
+            assert_eq!(
+                b.acquire().err().map(|open| open.retry_in),
+                Some(Duration::from_secs(6))
+            );
             assert_eq!(b.retry_in(), Duration::from_secs(6));
             advance(Duration::from_secs(6) - Duration::from_nanos(1)).await;
-            assert_eq!(b.acquire().err(), Some(Duration::from_nanos(1)));
+            assert_eq!(
+                b.acquire().err().map(|open| open.retry_in),
+                Some(Duration::from_nanos(1))
+            );
             assert_eq!(b.state(), Open);
             advance(Duration::from_nanos(1)).await;
             let probe = b
@@ -85,7 +91,7 @@ async fn open_fails_fast_with_the_time_left_then_turns_half_open_after_the_coold
             assert!(probe.is_probe());
             assert_eq!(b.state(), HalfOpen);
             assert_eq!(
-                b.acquire().err(),
+                b.acquire().err().map(|open| open.retry_in),
                 Some(Duration::ZERO),
                 "the one probe slot is taken"
             );
@@ -152,7 +158,7 @@ async fn a_bad_probe_reopens_it_for_a_fresh_cooldown() {
             fail(&b); // the probe
             assert_eq!(b.state(), Open);
             assert_eq!(
-                b.acquire().err(),
+                b.acquire().err().map(|open| open.retry_in),
                 Some(SECS_10),
                 "a fresh cooldown from the bad probe"
             );
@@ -205,7 +211,7 @@ async fn failure_rate_opens_when_the_share_of_failures_in_the_window_reaches_the
             assert_eq!(b.state(), Closed);
             fail(&b); // window: S S F F, 2 of 4
             assert_eq!(b.state(), Open);
-            assert_eq!(b.acquire().err(), Some(SECS_10));
+            assert_eq!(b.acquire().err().map(|open| open.retry_in), Some(SECS_10));
             assert_eq!(transitions(&seen), [(Closed, Open)]);
         })
         .await;
@@ -266,7 +272,7 @@ async fn failure_rate_probes_close_it_with_an_empty_window_or_reopen_it() {
             assert_eq!(b.state(), Open);
             advance(SECS_10).await;
             fail(&b); // a bad probe
-            assert_eq!(b.acquire().err(), Some(SECS_10));
+            assert_eq!(b.acquire().err().map(|open| open.retry_in), Some(SECS_10));
             advance(SECS_10).await;
             succeed(&b); // a good probe
             assert_eq!(b.state(), Closed);
@@ -304,7 +310,7 @@ async fn manual_trip_and_reset_from_every_state() {
             b.reset(); // closed already: no transition
             b.trip();
             assert_eq!(b.state(), Open);
-            assert_eq!(b.acquire().err(), Some(SECS_10));
+            assert_eq!(b.acquire().err().map(|open| open.retry_in), Some(SECS_10));
             advance(Duration::from_secs(4)).await;
             b.trip(); // open already: the cooldown starts again, no transition
             assert_eq!(b.retry_in(), SECS_10);

@@ -18,51 +18,37 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
         &__JOBGUARD_POLICY,
     );
     let __jobguard_breaker = ::jobguard::__private::breaker(&GATEWAY);
-    #[allow(unused_mut)]
-    let mut __jobguard_attempt = ::jobguard::__private::attempts(async || {
-        #[allow(
-            unknown_lints,
-            unreachable_code,
-            clippy::diverging_sub_expression,
-            clippy::let_unit_value,
-            clippy::unreachable,
-            clippy::empty_loop,
-            clippy::needless_return
-        )]
-        if false {
-            let __jobguard_return: Result<Receipt, GatewayError> = loop {};
-            return __jobguard_return;
-        }
-        gateway().capture(order_id, 100).await
-    });
-    '__jobguard_call: {
-        let __jobguard_went = match ::jobguard::__private::Retry::first_permitted(
-                &__JOBGUARD_SPEC,
-                __jobguard_breaker,
-                __jobguard_attempt(),
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+        &__JOBGUARD_SPEC,
+        ::jobguard::__private::Guard::of(
+            ::core::option::Option::Some(__jobguard_breaker),
+        ),
+    );
+    loop {
+        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+            .round(
+                async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __jobguard_return: Result<Receipt, GatewayError> = loop {};
+                        return __jobguard_return;
+                    }
+                    gateway().capture(order_id, 100).await
+                },
+                ::jobguard::__private::transient,
+                ::jobguard::__private::accept,
             )
             .await
         {
-            ::core::ops::ControlFlow::Break(__jobguard_done) => {
-                break '__jobguard_call __jobguard_done;
-            }
-            ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
-        };
-        async {
-            let mut __jobguard_retry = __jobguard_went.resume(&__JOBGUARD_SPEC);
-            loop {
-                if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                    .attempt_permitted(
-                        __jobguard_breaker,
-                        __jobguard_attempt(),
-                        ::jobguard::__private::transient,
-                    )
-                    .await
-                {
-                    break __jobguard_done;
-                }
-            }
+            break __jobguard_done;
         }
-            .await
     }
 }

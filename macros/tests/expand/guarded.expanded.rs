@@ -22,11 +22,15 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
         )
         .dead_letter(__jobguard_sink);
     let __jobguard_breaker = ::jobguard::__private::breaker(&GATEWAY);
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__jobguard_spec);
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+        &__jobguard_spec,
+        ::jobguard::__private::Guard::of(
+            ::core::option::Option::Some(__jobguard_breaker),
+        ),
+    );
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .attempt_guarded(
-                ::core::option::Option::Some(__jobguard_breaker),
+            .round(
                 async {
                     #[allow(
                         unknown_lints,
@@ -44,6 +48,7 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
                     gateway().capture(order_id, 100).await
                 },
                 ::jobguard::__private::transient,
+                ::jobguard::__private::accept,
             )
             .await
         {

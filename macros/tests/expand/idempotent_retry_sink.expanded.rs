@@ -35,52 +35,36 @@ async fn charge(order_id: &str) -> Result<Receipt, GatewayError> {
                 )
                 .key(&__jobguard_key)
                 .dead_letter(__jobguard_sink);
-            #[allow(unused_mut)]
-            let mut __jobguard_attempt = ::jobguard::__private::attempts(async || {
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::let_unit_value,
-                    clippy::unreachable,
-                    clippy::empty_loop,
-                    clippy::needless_return
-                )]
-                if false {
-                    let __jobguard_return: Result<Receipt, GatewayError> = loop {};
-                    return __jobguard_return;
-                }
-                gateway().capture(order_id, 100).await
-            });
-            '__jobguard_call: {
-                let __jobguard_went = match ::jobguard::__private::Retry::first(
-                        &__jobguard_spec,
-                        __jobguard_attempt(),
+            let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+                &__jobguard_spec,
+                ::jobguard::__private::Guard::none(),
+            );
+            loop {
+                if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+                    .round(
+                        async {
+                            #[allow(
+                                unknown_lints,
+                                unreachable_code,
+                                clippy::diverging_sub_expression,
+                                clippy::let_unit_value,
+                                clippy::unreachable,
+                                clippy::empty_loop,
+                                clippy::needless_return
+                            )]
+                            if false {
+                                let __jobguard_return: Result<Receipt, GatewayError> = loop {};
+                                return __jobguard_return;
+                            }
+                            gateway().capture(order_id, 100).await
+                        },
+                        ::jobguard::__private::transient,
+                        ::jobguard::__private::accept,
                     )
                     .await
                 {
-                    ::core::ops::ControlFlow::Break(__jobguard_done) => {
-                        break '__jobguard_call __jobguard_done;
-                    }
-                    ::core::ops::ControlFlow::Continue(__jobguard_went) => {
-                        __jobguard_went
-                    }
-                };
-                async {
-                    let mut __jobguard_retry = __jobguard_went.resume(&__jobguard_spec);
-                    loop {
-                        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                            .attempt(
-                                __jobguard_attempt(),
-                                ::jobguard::__private::transient,
-                            )
-                            .await
-                        {
-                            break __jobguard_done;
-                        }
-                    }
+                    break __jobguard_done;
                 }
-                    .await
             }
         })
         .await

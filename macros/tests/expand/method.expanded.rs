@@ -20,47 +20,39 @@ async fn refund(&self, order_id: &str) -> Result<(), GatewayError> {
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
-    #[allow(unused_mut)]
-    let mut __jobguard_attempt = ::jobguard::__private::attempts(async || {
-        #[allow(
-            unknown_lints,
-            unreachable_code,
-            clippy::diverging_sub_expression,
-            clippy::let_unit_value,
-            clippy::unreachable,
-            clippy::empty_loop,
-            clippy::needless_return
-        )]
-        if false {
-            let __jobguard_return: Result<(), GatewayError> = loop {};
-            return __jobguard_return;
-        }
-        let receipt = self.receipts.get(order_id).ok_or(GatewayError::Unknown)?;
-        self.gateway.refund(receipt).await
-    });
-    '__jobguard_call: {
-        let __jobguard_went = match ::jobguard::__private::Retry::first(
-                &__JOBGUARD_SPEC,
-                __jobguard_attempt(),
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+        &__JOBGUARD_SPEC,
+        ::jobguard::__private::Guard::none(),
+    );
+    loop {
+        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+            .round(
+                async {
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::let_unit_value,
+                        clippy::unreachable,
+                        clippy::empty_loop,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let __jobguard_return: Result<(), GatewayError> = loop {};
+                        return __jobguard_return;
+                    }
+                    let receipt = self
+                        .receipts
+                        .get(order_id)
+                        .ok_or(GatewayError::Unknown)?;
+                    self.gateway.refund(receipt).await
+                },
+                ::jobguard::__private::transient,
+                ::jobguard::__private::accept,
             )
             .await
         {
-            ::core::ops::ControlFlow::Break(__jobguard_done) => {
-                break '__jobguard_call __jobguard_done;
-            }
-            ::core::ops::ControlFlow::Continue(__jobguard_went) => __jobguard_went,
-        };
-        async {
-            let mut __jobguard_retry = __jobguard_went.resume(&__JOBGUARD_SPEC);
-            loop {
-                if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-                    .attempt(__jobguard_attempt(), ::jobguard::__private::transient)
-                    .await
-                {
-                    break __jobguard_done;
-                }
-            }
+            break __jobguard_done;
         }
-            .await
     }
 }

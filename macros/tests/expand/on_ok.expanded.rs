@@ -17,10 +17,13 @@ async fn fetch(url: &str) -> Result<Response, HttpError> {
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__JOBGUARD_SPEC);
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+        &__JOBGUARD_SPEC,
+        ::jobguard::__private::Guard::none(),
+    );
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .attempt(
+            .round(
                 async {
                     #[allow(
                         unknown_lints,
@@ -38,11 +41,11 @@ async fn fetch(url: &str) -> Result<Response, HttpError> {
                     client().get(url).await
                 },
                 ::jobguard::__private::transient,
+                |__jobguard_value: &_| ::jobguard::__private::classify_ok(
+                    unavailable,
+                    __jobguard_value,
+                ),
             )
-            .on_ok(|__jobguard_value: &_| ::jobguard::__private::classify_ok(
-                unavailable,
-                __jobguard_value,
-            ))
             .await
         {
             break __jobguard_done;

@@ -19,11 +19,13 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
         &__JOBGUARD_JOB,
         &__JOBGUARD_POLICY,
     );
-    let mut __jobguard_retry = ::jobguard::__private::Retry::new(&__JOBGUARD_SPEC);
+    let mut __jobguard_retry = ::jobguard::__private::Retry::new(
+        &__JOBGUARD_SPEC,
+        ::jobguard::__private::Guard::of(::core::option::Option::None),
+    );
     loop {
         if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-            .attempt_guarded(
-                ::core::option::Option::None,
+            .round(
                 async {
                     #[allow(
                         unknown_lints,
@@ -41,6 +43,7 @@ async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
                     gateway().capture(order_id, 100).await
                 },
                 ::jobguard::__private::transient,
+                ::jobguard::__private::accept,
             )
             .await
         {

@@ -33,16 +33,17 @@ async fn transfer(
         .timeout(::core::time::Duration::from_secs(2)); let __jobguard_spec :
         ::jobguard::__private::Spec < '_ > = ::jobguard::__private::Spec::of(&
         __JOBGUARD_JOB, & __JOBGUARD_POLICY).key(& __jobguard_key); let mut
-        __jobguard_retry = ::jobguard::__private::Retry::new(& __jobguard_spec); loop {
-        if let ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
-        .attempt_guarded(::core::option::Option::None, __jobguard_savepoint.attempt(& mut
-        * tx, async | tx : & mut ::jobguard::__private::PgConnection | {
-        #[allow(unknown_lints, unreachable_code, clippy::diverging_sub_expression,
-        clippy::let_unit_value, clippy::unreachable, clippy::empty_loop,
-        clippy::needless_return)] if false { let __jobguard_return : Result < i64,
-        LedgerError > = loop {}; return __jobguard_return; } debit(& mut * tx, transfer).
-        await ?; credit(& mut * tx, transfer). await },),
-        ::jobguard::__private::transient). await { break __jobguard_done; } } };
-        __jobguard_savepoint.finish(& mut * tx, __jobguard_done). await } . await). await
+        __jobguard_retry = ::jobguard::__private::Retry::new(& __jobguard_spec,
+        ::jobguard::__private::Guard::of(::core::option::Option::None)); loop { if let
+        ::core::ops::ControlFlow::Break(__jobguard_done) = __jobguard_retry
+        .round(__jobguard_savepoint.attempt(& mut * tx, async | tx : & mut
+        ::jobguard::__private::PgConnection | { #[allow(unknown_lints, unreachable_code,
+        clippy::diverging_sub_expression, clippy::let_unit_value, clippy::unreachable,
+        clippy::empty_loop, clippy::needless_return)] if false { let __jobguard_return :
+        Result < i64, LedgerError > = loop {}; return __jobguard_return; } debit(& mut *
+        tx, transfer). await ?; credit(& mut * tx, transfer). await },),
+        ::jobguard::__private::transient, ::jobguard::__private::accept). await { break
+        __jobguard_done; } } }; __jobguard_savepoint.finish(& mut * tx, __jobguard_done).
+        await } . await). await
     }
 }

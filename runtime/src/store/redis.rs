@@ -663,9 +663,8 @@ local function num(n) return string.format('%d', n) end
 // A poisoned key is `jg2/q<generation>:<crashes>:<ms>` while its letter is not confirmed (the
 // letter role is held until <ms>, then handed to the next claimer), `jg2/p<generation>:<crashes>`
 // once it is (and as every build before the letter role wrote it).
-// An absent key, the common case, is claimed by the first `SET NX`, before the helpers are made
-// (the server's time per fresh claim: 4.9 µs for version 1's script, 8.9 µs with this fast path
-// reading its numbers in Lua, 7.5 µs as it is; INFO commandstats, see BENCHMARKS.md).
+// An absent key, the common case, is claimed by the first `SET NX`, before the helpers are made:
+// a fresh claim pays for no parsing.
 static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{}{FIELD}{}",

@@ -1,6 +1,5 @@
-//! A call's first attempt runs in `Retry::first`, apart from the loop's rounds: what it goes
-//! through when it does not succeed in its first poll (pending, then failing or succeeding) is
-//! what a round's attempt would go through.
+//! A call's first attempt when it does not succeed in its first poll (pending, then failing or
+//! succeeding): numbered, timed, counted against the breaker and retried as any other attempt.
 
 use jobguard::{BreakerState, CircuitBreaker};
 use jobguard_testkit::gateway::GatewayError;
