@@ -239,7 +239,10 @@ impl<'a> Idempotent<'a> {
             .ttl(self.ttl)
             .crashes(self.crashes);
 
-        let deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
+        let mut deadline = self.wait.map(|w| tokio::time::Instant::now() + w);
+        // Under a job runner, a delivery that finds the key claimed waits out the claim's lease
+        // (see `wait_out`) instead of spending the delivery on `InProgress`.
+        let runner = crate::attempt::Delivery::current().is_some();
         let mut poll = Duration::from_millis(10);
         // A call that waits for another worker's run says so once, not at every look.
         let mut waiting = false;
@@ -315,6 +318,9 @@ impl<'a> Idempotent<'a> {
                             key: key.key,
                             retry_in,
                         });
+                        if deadline.is_none() && runner {
+                            deadline = Some(tokio::time::Instant::now() + wait_out(retry_in));
+                        }
                     }
                     let now = tokio::time::Instant::now();
                     match deadline {
@@ -420,6 +426,16 @@ impl<'a> Idempotent<'a> {
             Ok(()) | Err(_) => Ok(value),
         }
     }
+}
+
+/// How long a delivery under a job runner waits for a key another claim holds: the rest of
+/// that claim's lease, and a little more for the store's clock. A worker that died holding the
+/// key stops renewing it, so the claim lapses within this wait and the delivery takes it over
+/// (counting the crash) and runs the job, rather than being handed back with `InProgress` and
+/// spending one of the job's deliveries; a live worker renews its claim, and the delivery is
+/// handed back once the wait ends, unless that worker's result arrives first (it is replayed).
+fn wait_out(retry_in: Duration) -> Duration {
+    retry_in.saturating_add(Duration::from_millis(250))
 }
 
 /// Says that a key is claimed with crashes in its history (a worker died holding it: its lease
