@@ -132,10 +132,12 @@ impl Session {
             scope: &self.name,
             key: &self.key,
         });
+        let counted = crate::runtime::HeldClaim::new(&self.runtime);
         Held {
             session: self,
             generation,
             armed: true,
+            counted: Some(counted),
         }
     }
 }
@@ -146,6 +148,9 @@ pub(crate) struct Held {
     generation: u64,
     /// Cleared once the claim is completed or released: nothing is left for `drop` to do.
     armed: bool,
+    /// The claim counted in its runtime until its completion or release is written (see
+    /// [`Runtime::shutdown`]); handed to the release of a dropped claim.
+    counted: Option<crate::runtime::HeldClaim>,
 }
 
 impl Held {
@@ -277,6 +282,7 @@ impl Drop for Held {
             std::mem::take(&mut s.name),
             std::mem::take(&mut s.key),
             std::mem::take(&mut s.token),
+            self.counted.take(),
         );
     }
 }
@@ -306,6 +312,7 @@ fn release_dropped(
     name: String,
     key: String,
     token: String,
+    counted: Option<crate::runtime::HeldClaim>,
 ) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         log_error(format_args!(
@@ -323,6 +330,7 @@ fn release_dropped(
             scope: &name,
             key: key.key,
         });
+        drop(counted);
     });
     // While a panic unwinds, nothing of the observers' runs here: a panic in one would abort.
     if !std::thread::panicking() {

@@ -10,6 +10,7 @@ use rand::rngs::SmallRng;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
+use std::time::Duration;
 
 /// The configuration jobs run under.
 ///
@@ -35,6 +36,9 @@ pub struct Runtime {
 }
 
 pub(crate) struct Inner {
+    /// The claims that jobs and requests under this runtime hold now (see
+    /// [`Runtime::shutdown`]).
+    pub(crate) held: Held,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) dead_letters: Arc<dyn DeadLetterSink>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
@@ -47,6 +51,37 @@ impl std::fmt::Debug for Runtime {
         f.debug_struct("Runtime")
             .field("seed", &self.inner.seed)
             .finish_non_exhaustive()
+    }
+}
+
+/// The claims held under one runtime: counted from the claim until its completion or release is
+/// written (a claim dropped with its work counts until the release task is done).
+#[derive(Default)]
+pub(crate) struct Held {
+    count: std::sync::atomic::AtomicUsize,
+    none_left: tokio::sync::Notify,
+}
+
+/// One claim counted in its runtime's [`Held`]; uncounted when dropped.
+pub(crate) struct HeldClaim {
+    runtime: Runtime,
+}
+
+impl HeldClaim {
+    pub(crate) fn new(runtime: &Runtime) -> Self {
+        runtime.inner.held.count.fetch_add(1, Ordering::AcqRel);
+        HeldClaim {
+            runtime: runtime.clone(),
+        }
+    }
+}
+
+impl Drop for HeldClaim {
+    fn drop(&mut self) {
+        let held = &self.runtime.inner.held;
+        if held.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            held.none_left.notify_waiters();
+        }
     }
 }
 
@@ -93,6 +128,7 @@ impl RuntimeBuilder {
         }
         Runtime {
             inner: Arc::new(Inner {
+                held: Held::default(),
                 store: self.store.unwrap_or_else(|| EMBEDDED_STORE.clone()),
                 dead_letters: self
                     .dead_letters
@@ -228,6 +264,57 @@ impl Runtime {
     /// The runtime a job started here would use.
     pub fn current() -> Runtime {
         Current::get().to_owned()
+    }
+
+    /// How many idempotency claims jobs and requests under this runtime hold now: claimed, and
+    /// neither completed nor released yet.
+    pub fn held_claims(&self) -> usize {
+        self.inner.held.count.load(Ordering::Acquire)
+    }
+
+    /// Waits, up to `grace`, until no job or request under this runtime holds a claim: the
+    /// part of a graceful shutdown that jobguard owns. `Ok(())` once none is held; `Err(n)`
+    /// with the claims still held when `grace` ran out.
+    ///
+    /// Stop taking work first (a job runner's own stop, such as apalis's `run_until`), give the
+    /// work in flight its grace period, then drop what is still running: a dropped job's claim
+    /// is released (its work runs again on another delivery, and no crash is counted), and this
+    /// waits for those releases to be written. A process that exits with a claim still held
+    /// leaves it to lapse with its lease, and the next claimer counts that as a crash.
+    ///
+    /// ```no_run
+    /// # async fn run_worker() -> Result<(), std::io::Error> { Ok(()) }
+    /// # #[tokio::main]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    ///
+    /// let runtime = jobguard::Runtime::builder().build();
+    /// runtime.clone().install().expect("the first runtime installed");
+    /// // The worker stops taking jobs on SIGTERM and lets those in flight finish for 20 s; at
+    /// // its end, whatever still runs is dropped, and its claims are released.
+    /// let stopped = tokio::time::timeout(Duration::from_secs(20), run_worker()).await;
+    /// // Wait for those releases before the process exits.
+    /// if let Err(held) = runtime.shutdown(Duration::from_secs(5)).await {
+    ///     eprintln!("{held} claims left to lapse with their lease");
+    /// }
+    /// # let _ = stopped;
+    /// # }
+    /// ```
+    pub async fn shutdown(&self, grace: Duration) -> Result<(), usize> {
+        let held = &self.inner.held;
+        let none_left = async {
+            loop {
+                let notified = held.none_left.notified();
+                if held.count.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        match tokio::time::timeout(grace, none_left).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.held_claims()),
+        }
     }
 
     /// The idempotency store for jobs without `store = ...`.

@@ -43,7 +43,9 @@ async fn a_delivery_waits_out_a_dead_holder_s_lease_then_runs_the_job() {
     let runs = AtomicU32::new(0);
     let (runtime, _store) = held_by_a_dead_worker(Duration::from_secs(3)).await;
     let start = tokio::time::Instant::now();
-    let got = runtime.scope(DELIVERY.scope(charge("order-A", &runs))).await;
+    let got = runtime
+        .scope(DELIVERY.scope(charge("order-A", &runs)))
+        .await;
     assert_eq!(got, Ok(7));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // It waited for the rest of the lease (7 s), not the whole of it again.
@@ -80,7 +82,9 @@ async fn a_live_holder_s_result_arriving_during_the_wait_is_replayed() {
             .await
             .expect("the holder completes its claim");
     });
-    let got = runtime.scope(DELIVERY.scope(charge("order-A", &runs))).await;
+    let got = runtime
+        .scope(DELIVERY.scope(charge("order-A", &runs)))
+        .await;
     assert_eq!(got, Ok(7), "the holder's result, replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the job did not run again");
 }
@@ -97,7 +101,9 @@ async fn a_holder_that_keeps_renewing_hands_the_delivery_back_after_the_wait() {
         }
     });
     let start = tokio::time::Instant::now();
-    let got = runtime.scope(DELIVERY.scope(charge("order-A", &runs))).await;
+    let got = runtime
+        .scope(DELIVERY.scope(charge("order-A", &runs)))
+        .await;
     renewing.abort();
     assert_eq!(got, Err(Error::InProgress));
     assert_eq!(runs.load(Ordering::SeqCst), 0);
