@@ -547,13 +547,13 @@ impl Service {
     }
 }
 
-/// apalis-redis's settings, the same in the server and in every worker: a worker whose heartbeat
-/// stops for 2 s is dead, and its jobs go back on the queue.
+/// apalis-redis's settings, as every worker has them (`examples/worker.rs`): a worker whose
+/// heartbeat stops for 10 s is dead, and its jobs go back on the queue.
 pub fn redis_config() -> apalis_redis::Config {
     apalis_redis::Config::default()
         .queue(QUEUE)
         .heartbeat_interval(Duration::from_secs(1))
-        .missed_heartbeats(2)
+        .missed_heartbeats(10)
 }
 
 /// Runs `fut` with `recorder` as the local recorder of whichever thread polls it, so the

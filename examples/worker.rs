@@ -83,9 +83,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
-    let url = url.ok_or(
-        "usage: worker --redis URL [--concurrency N] [--failure-rate R] [--grace SECS]",
-    )?;
+    let url =
+        url.ok_or("usage: worker --redis URL [--concurrency N] [--failure-rate R] [--grace SECS]")?;
     run(&url, settings).await
 }
 
@@ -164,7 +163,10 @@ pub async fn run(url: &str, settings: Settings) -> Result<(), Box<dyn std::error
     };
     let grace_over = async {
         stopping.notified().await;
-        println!("{name}: stopping; the jobs in flight have {:?}", settings.grace);
+        println!(
+            "{name}: stopping; the jobs in flight have {:?}",
+            settings.grace
+        );
         tokio::time::sleep(settings.grace).await;
     };
     let ran = tokio::select! {
@@ -325,11 +327,9 @@ impl Gateway {
 /// Whether the gateway is down for `order_id`: true for a share `rate` of the orders, the same
 /// ones on every worker (a hash of the id, FNV-1a).
 pub fn down_for(order_id: &str, rate: f64) -> bool {
-    let hash = order_id
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+    let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     (hash % 10_000) as f64 / 10_000.0 < rate
 }
 

@@ -71,8 +71,9 @@
 //!
 //!     let config = apalis_redis::Config::default()
 //!         .queue("charges")
+//!         .batch_size(1)
 //!         .heartbeat_interval(Duration::from_secs(1))
-//!         .missed_heartbeats(2);
+//!         .missed_heartbeats(10);
 //!     let mut storage = RedisStorage::<Charge>::new(apalis_redis::connect(url).await?)
 //!         .with_config(config);
 //!
@@ -170,15 +171,23 @@
 //!
 //! * `#[idempotent(lease = "10s")]` outside `#[retry(attempts = 5, base = "500ms", cap = "8s")]`,
 //!   with `RedisStore`: a redelivery replays a finished job, and a dead worker's claim lapses
-//!   within seconds (each delivery that finds the dead worker's claim still live is handed back
-//!   with `InProgress` and spends one of the job's deliveries);
+//!   within seconds (a delivery that finds it still live waits out the rest of its lease, then
+//!   takes it over, rather than being handed back with `InProgress`);
 //! * the producer pushes tasks with `max_attempts(3)` (or the workers set
 //!   `GuardLayer::new().deliveries(3)`, when the producer is not yours): three deliveries of five
 //!   attempts, one letter;
 //! * no apalis `.retry(..)` layer: `#[retry]` is the in-process retry;
-//! * apalis-redis `Config::heartbeat_interval(1s).missed_heartbeats(2)` (or longer on a loaded
-//!   network) for crash redelivery;
-//! * the handler returns the job's error to apalis.
+//! * apalis-redis `Config::batch_size(concurrency).heartbeat_interval(1s).missed_heartbeats(10)`:
+//!   a worker fetches no more tasks than it runs, so a backlog spreads over the workers, and a
+//!   busy worker whose beat is late is not declared dead (its tasks re-enqueued to others while
+//!   it still runs them, and the worker itself stopped with "worker not registered"); a dead
+//!   worker's tasks come back after about 10 s, about the claim's lease;
+//! * the handler returns the job's error to apalis;
+//! * on SIGTERM, the worker stops taking tasks (`Worker::run_until`), gives those in flight a
+//!   grace period, drops what still runs, and awaits
+//!   [`Runtime::shutdown`](crate::Runtime::shutdown) before the process exits: a dropped job's
+//!   claim is released (it runs again on another delivery, and no crash is counted).
+//!   `examples/worker.rs` does this.
 //!
 //! # Where the layer goes
 //!

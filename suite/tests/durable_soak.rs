@@ -118,7 +118,10 @@ impl Fleet {
             std::thread::sleep(Duration::from_millis(50));
         };
         let err = std::fs::read_to_string(&proc.err).unwrap_or_default();
-        assert!(status.success(), "a SIGTERMed worker failed ({status}):\n{err}");
+        assert!(
+            status.success(),
+            "a SIGTERMed worker failed ({status}):\n{err}"
+        );
         self.terminated.push(proc);
         self.spawn();
     }
@@ -140,7 +143,10 @@ fn keys_in_flight<'p>(procs: impl IntoIterator<Item = &'p Proc>) -> BTreeSet<Str
     let mut in_flight = BTreeSet::new();
     for proc in procs {
         let mut running = BTreeMap::<String, usize>::new();
-        for line in std::fs::read_to_string(&proc.out).unwrap_or_default().lines() {
+        for line in std::fs::read_to_string(&proc.out)
+            .unwrap_or_default()
+            .lines()
+        {
             if let Some(k) = line.strip_prefix("charging ").and_then(key) {
                 *running.entry(k).or_default() += 1;
             } else if let Some(k) = line.strip_prefix("done with ").and_then(key)
@@ -315,10 +321,7 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
     let mut exact = 0;
     let mut cut = Vec::new();
     for (order, letter) in &lettered {
-        let tries: u32 = redis
-            .get(format!("demo:tries:{order}"))
-            .await
-            .unwrap_or(0);
+        let tries: u32 = redis.get(format!("demo:tries:{order}")).await.unwrap_or(0);
         let key = letter.key.clone().unwrap_or_default();
         if killed_keys.contains(&key) || termed_keys.contains(&key) {
             cut.push((order.clone(), letter.attempts, tries));

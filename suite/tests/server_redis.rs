@@ -27,7 +27,11 @@ async fn the_scenario_through_apalis_redis_and_the_worker_example() {
     let url = redis.url();
     let service = server::Service::start_redis(&url, false).await.unwrap();
     let worker_url = url.clone();
-    tokio::spawn(async move { worker::run(&worker_url, worker::Settings::default()).await.unwrap() });
+    tokio::spawn(async move {
+        worker::run(&worker_url, worker::Settings::default())
+            .await
+            .unwrap()
+    });
     let config = server::redis_config();
     let mut redis = apalis_redis::connect(url.clone()).await.unwrap();
     // One request at a time, each once the broker has the one before as finished (done, or
