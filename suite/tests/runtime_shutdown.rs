@@ -3,56 +3,17 @@
 //! released (written before `shutdown` returns), so the next claimer counts no crash. Under a
 //! paused clock, on a store whose releases take a second.
 
-use jobguard::store::StoreFuture;
-use jobguard::{ClaimOptions, Claimed, Error, MemoryStore, Runtime, Store, StoreKey};
+use jobguard::{ClaimOptions, Claimed, Error, Runtime, Store, StoreKey};
+use jobguard_testkit::faulty::Faulty;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// A `MemoryStore` whose releases take a second, as a store across a network would.
-#[derive(Clone, Default)]
-struct SlowRelease(MemoryStore);
-
-impl Store for SlowRelease {
-    fn claim<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, Claimed> {
-        self.0.claim(key, token, options)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        record: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, ()> {
-        self.0.complete(key, token, record, ttl)
-    }
-    fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            self.0.release(key, token).await
-        })
-    }
-    fn renew<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        lease: Duration,
-    ) -> StoreFuture<'a, ()> {
-        self.0.renew(key, token, lease)
-    }
-    fn lookup<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.0.lookup(key)
-    }
-    fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
-        self.0.forgive(key)
-    }
-    fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
-        self.0.lettered(key)
-    }
+fn slow_release() -> Faulty {
+    let store = Faulty::default();
+    store.slow_release.store(true, Ordering::SeqCst);
+    store
 }
 
 /// Holds its claim until `go` is sent.
@@ -64,7 +25,7 @@ async fn charge(order: &str, go: oneshot::Receiver<()>) -> Result<u32, Error> {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_waits_for_the_jobs_in_flight_within_its_grace() {
-    let runtime = Runtime::builder().store(SlowRelease::default()).build();
+    let runtime = Runtime::builder().store(slow_release()).build();
     let (go, wait) = oneshot::channel();
     let scoped = runtime.clone();
     let job = tokio::spawn(async move { scoped.scope(charge("order-A", wait)).await });
@@ -84,7 +45,7 @@ async fn shutdown_waits_for_the_jobs_in_flight_within_its_grace() {
 
 #[tokio::test(start_paused = true)]
 async fn a_job_dropped_at_the_end_of_its_grace_is_released_before_shutdown_returns() {
-    let store = SlowRelease::default();
+    let store = slow_release();
     let runtime = Runtime::builder().store(store.clone()).build();
     let (_go, wait) = oneshot::channel();
     let scoped = runtime.clone();

@@ -19,6 +19,8 @@ pub struct Faulty {
     pub complete_fails: Arc<AtomicU32>,
     /// Renewals and completions find the lease lost.
     pub lose_lease: Arc<AtomicBool>,
+    /// Releases take a second (on tokio's clock), as a store across a slow network's would.
+    pub slow_release: Arc<AtomicBool>,
     /// Notified as each completion is written, so that a test can wait for a result stored by a
     /// task it cannot await. (A completion before the test waits leaves a permit: no race.)
     pub completed: Arc<Notify>,
@@ -61,7 +63,13 @@ impl Store for Faulty {
         })
     }
     fn release<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, ()> {
-        self.inner.release(key, token)
+        let slow = self.slow_release.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if slow {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            self.inner.release(key, token).await
+        })
     }
     fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         if self.down.load(Ordering::SeqCst) {
