@@ -183,4 +183,45 @@ mod tests {
     fn a_huge_count_saturates() {
         assert_eq!(decide(Some(i64::MAX), i64::MAX), d(u32::MAX, true));
     }
+
+    /// A JetStream message with `reply` as its reply subject, on a client that is never
+    /// connected (it would connect in the background; nothing here needs it to).
+    async fn message(reply: Option<&str>) -> async_nats::jetstream::Message {
+        let client = async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect("nats://127.0.0.1:1")
+            .await
+            .expect("a client that connects in the background");
+        async_nats::jetstream::Message {
+            message: async_nats::Message {
+                subject: "charges".into(),
+                reply: reply.map(Into::into),
+                payload: Default::default(),
+                headers: None,
+                status: None,
+                description: None,
+                length: 0,
+            },
+            context: async_nats::jetstream::new(client),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_delivered_count_comes_from_the_ack_subject() {
+        // `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`
+        let third = message(Some(
+            "$JS.ACK.CHARGES.workers.3.100.7.1790230470084404000.0",
+        ))
+        .await;
+        assert_eq!(delivery(&third, 5), d(3, false));
+        assert_eq!(delivery(&third, 3), d(3, true));
+    }
+
+    #[tokio::test]
+    async fn a_message_without_jetstream_metadata_is_the_last() {
+        assert_eq!(delivery(&message(None).await, 5), d(1, true));
+        assert_eq!(delivery(&message(Some("_INBOX.abc")).await, 5), d(1, true));
+        let garbled = message(Some("$JS.ACK.CHARGES.workers.many.100.7.1.0")).await;
+        assert_eq!(delivery(&garbled, 5), d(1, true));
+    }
 }

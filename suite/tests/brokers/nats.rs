@@ -23,10 +23,13 @@ fn subject(name: &str) -> String {
 }
 
 /// The stream `setup.name` (work-queue retention) and its durable pull consumer of the same name
-/// with `max_deliver` `setup.limit`.
+/// with `max_deliver` `setup.limit`. Deleted by [`delete`](Self::delete), or when dropped
+/// (a test that failed).
 pub struct Stream {
     js: Context,
+    url: String,
     name: String,
+    deleted: bool,
 }
 
 impl Stream {
@@ -54,7 +57,9 @@ impl Stream {
             .expect("create the consumer");
         Stream {
             js,
+            url: setup.url.clone(),
             name: setup.name.clone(),
+            deleted: false,
         }
     }
 
@@ -82,11 +87,32 @@ impl Stream {
     }
 
     /// Deletes the stream, and its consumer with it.
-    pub async fn delete(self) {
+    pub async fn delete(mut self) {
         self.js
             .delete_stream(&self.name)
             .await
             .unwrap_or_else(|e| panic!("delete the stream {}: {e}", self.name));
+        self.deleted = true;
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        // Dropped by a failing test, maybe inside its runtime: delete on a thread of its own.
+        let (url, name) = (self.url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let _ = connect(&url).await.delete_stream(&name).await;
+            });
+        })
+        .join();
     }
 }
 
