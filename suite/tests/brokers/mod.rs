@@ -1,11 +1,13 @@
-//! Worker processes on RabbitMQ and NATS JetStream for the crash tests, and the harness that
-//! runs, kills and restarts them.
+//! Worker processes on RabbitMQ, NATS JetStream and apalis-postgres for the crash tests, and the
+//! harness that runs, kills and restarts them.
 //!
 //! A worker is this test binary run again (its `worker` test, with [`ROLE_ENV`] set): a consumer
 //! loop like `examples/rabbitmq_worker.rs` or `examples/nats_worker.rs` (prefetch 1, the job in
 //! the delivery's scope, ack after the job, hand-back on a failure, ack or term once the job is
-//! settled), over one job under `#[idempotent]` with `RedisStore` on the test's private
-//! `redis-server`, whose dead letters go to the Redis stream [`DEAD_LETTERS`] there.
+//! settled), or an apalis worker on `PostgresStorage` under `GuardLayer`, over one job under
+//! `#[idempotent]`. Its store is `RedisStore` on the test's private `redis-server` (on
+//! apalis-postgres: `PgStore`, in apalis's own database); its dead letters go to the Redis
+//! stream [`DEAD_LETTERS`], where the test reads them with the rest of what the workers saw.
 //!
 //! The job's [`Behaviour`] says what its body does: apply its effect (`INCR effect:{id}`), abort
 //! its process (`std::process::abort`, every time: a job with a bug that kills its worker), or
@@ -21,10 +23,11 @@
 
 #![allow(dead_code)]
 
+pub mod apalis_postgres;
 pub mod nats;
 pub mod rabbitmq;
 
-use jobguard::{DeadLetter, Delivery, RedisDeadLetters, RedisStore, Runtime, Transient};
+use jobguard::{DeadLetter, Delivery, PgStore, RedisDeadLetters, RedisStore, Runtime, Transient};
 use jobguard_testkit::redis::rerun_test;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
@@ -33,14 +36,15 @@ use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Which broker a worker consumes from: `rabbitmq` or `nats`. Set, the test binary's `worker`
-/// test runs a worker.
+/// Which broker a worker consumes from: `rabbitmq`, `nats` or `apalis-postgres`. Set, the test
+/// binary's `worker` test runs a worker.
 pub const ROLE_ENV: &str = "JOBGUARD_BROKER_WORKER";
-/// The broker's URL.
+/// The broker's URL (apalis-postgres: the database's).
 pub const BROKER_URL_ENV: &str = "JOBGUARD_BROKER_URL";
-/// The queue (RabbitMQ) or the stream (NATS; its consumer is named the same).
+/// The queue (RabbitMQ, apalis-postgres) or the stream (NATS; its consumer is named the same).
 pub const NAME_ENV: &str = "JOBGUARD_BROKER_NAME";
-/// The broker's limit: the queue's `x-delivery-limit`, or the consumer's `max_deliver`.
+/// The broker's limit: the queue's `x-delivery-limit`, the consumer's `max_deliver`, or the
+/// tasks' `max_attempts`.
 pub const LIMIT_ENV: &str = "JOBGUARD_BROKER_LIMIT";
 /// The private `redis-server`: the store, the dead letters, and what the workers saw.
 pub const REDIS_ENV: &str = "JOBGUARD_BROKER_REDIS";
@@ -82,6 +86,8 @@ pub enum Kind {
     RabbitMq,
     /// NATS JetStream through async-nats.
     Nats,
+    /// apalis on apalis-postgres, under `GuardLayer`, with `PgStore` in the same database.
+    ApalisPostgres,
 }
 
 impl Kind {
@@ -89,6 +95,7 @@ impl Kind {
         match self {
             Kind::RabbitMq => "rabbitmq",
             Kind::Nats => "nats",
+            Kind::ApalisPostgres => "apalis-postgres",
         }
     }
 }
@@ -297,6 +304,7 @@ pub fn worker_if_asked() {
         kind: match role.as_str() {
             "rabbitmq" => Kind::RabbitMq,
             "nats" => Kind::Nats,
+            "apalis-postgres" => Kind::ApalisPostgres,
             other => panic!("unknown broker {other}"),
         },
         url: var(BROKER_URL_ENV),
@@ -316,19 +324,25 @@ pub fn worker_if_asked() {
             REDIS
                 .set(connect(&setup.redis).await)
                 .unwrap_or_else(|_| panic!("connection set once"));
-            Runtime::builder()
-                .store(RedisStore::connect(&setup.redis).await.expect("RedisStore"))
-                .dead_letters(
-                    RedisDeadLetters::connect(&setup.redis, DEAD_LETTERS)
-                        .await
-                        .expect("RedisDeadLetters"),
-                )
+            let letters = RedisDeadLetters::connect(&setup.redis, DEAD_LETTERS)
+                .await
+                .expect("RedisDeadLetters");
+            let runtime = match setup.kind {
+                Kind::ApalisPostgres => {
+                    Runtime::builder().store(PgStore::connect(&setup.url).await.expect("PgStore"))
+                }
+                _ => Runtime::builder()
+                    .store(RedisStore::connect(&setup.redis).await.expect("RedisStore")),
+            };
+            runtime
+                .dead_letters(letters)
                 .build()
                 .install()
                 .expect("the first runtime installed in this process");
             match setup.kind {
                 Kind::RabbitMq => rabbitmq::run_worker(&setup).await,
                 Kind::Nats => nats::run_worker(&setup).await,
+                Kind::ApalisPostgres => apalis_postgres::run_worker(&setup).await,
             }
         });
 }
@@ -360,16 +374,7 @@ pub enum Outcome {
 /// message. Records the delivery first, and stops at the `acked` crash point after a stored
 /// result.
 pub async fn handle(job: Job, delivery: Delivery) -> Outcome {
-    let mut redis = redis();
-    let seen = format!(
-        "{}{}",
-        delivery.number,
-        if delivery.last { "!" } else { "" }
-    );
-    let _: () = redis
-        .rpush(format!("deliveries:{}", job.id), seen)
-        .await
-        .expect("RPUSH deliveries");
+    record(job, delivery).await;
     let (result, settled) = delivery.scope_settled(run(job)).await;
     match result {
         Ok(_) => {
@@ -379,6 +384,19 @@ pub async fn handle(job: Job, delivery: Delivery) -> Outcome {
         Err(_) if settled => Outcome::Settled,
         Err(_) => Outcome::HandBack,
     }
+}
+
+/// Notes `delivery` in `deliveries:{id}`.
+async fn record(job: Job, delivery: Delivery) {
+    let seen = format!(
+        "{}{}",
+        delivery.number,
+        if delivery.last { "!" } else { "" }
+    );
+    let _: () = redis()
+        .rpush(format!("deliveries:{}", job.id), seen)
+        .await
+        .expect("RPUSH deliveries");
 }
 
 /// Notes in Redis that the loop sent the message's ack, term or hand-back.
@@ -413,6 +431,8 @@ impl std::fmt::Display for JobError {
         }
     }
 }
+
+impl std::error::Error for JobError {}
 
 impl From<jobguard::Error> for JobError {
     fn from(e: jobguard::Error) -> Self {
