@@ -22,8 +22,8 @@ use futures::StreamExt;
 use jobguard_testkit::broker::{Broker, unique_name};
 use jobguard_testkit::redis::RedisServer;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -34,7 +34,10 @@ const LIMIT: u32 = 4;
 
 async fn declare(channel: &Channel, queue: &str) {
     let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     args.insert("x-delivery-limit".into(), AMQPValue::LongInt(LIMIT as i32));
     channel
         .queue_declare(
