@@ -70,8 +70,10 @@
 //! * RabbitMQ 3.x and 4.0–4.2 count every return: `basic.reject` and `basic.nack` with
 //!   requeue, and the messages of a consumer whose channel or connection closed (a worker that
 //!   died).
-//! * RabbitMQ 4.3 counts `basic.reject` (requeue or not) and a closed channel, but not a
-//!   `basic.nack` with requeue (it adds `x-acquired-count` for every delivery).
+//! * RabbitMQ 4.3 counts only what it takes for a failure: `basic.reject` (requeue or not) and
+//!   a consumer whose channel closed, but not a `basic.nack` with requeue, nor a delivery
+//!   returned by the consumer timeout (it adds `x-acquired-count` for every delivery). That is
+//!   how RabbitMQ describes the change; jobguard's own tests run against 3.10.
 //!
 //! So hand a job back with `basic.reject` and `requeue: true`: it is counted on every version.
 //! A job handed back with `basic.nack` on RabbitMQ 4.3 is delivered again with the same number,
