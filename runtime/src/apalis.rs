@@ -110,6 +110,16 @@
 //! A worker that dies mid-task does not count: the broker re-enqueues the task with the counter
 //! it had, so the next worker sees the same `number`. The idempotency store counts those crashes.
 //!
+//! apalis-postgres 1.0 counts differently, and the layer reads it as it is: the task's row keeps
+//! `attempts` and `max_attempts` (25 unless the producer sets it); a `Failed` task is fetched
+//! again at once while `attempts` is below `max_attempts`; a `Killed` one never; and the tasks
+//! of a worker whose heartbeat stopped (`Config::heartbeat_interval` × `missed_heartbeats`) are
+//! re-enqueued with `attempts + 1`, so there a crash spends a delivery. Keep `max_attempts`
+//! above `crashes` (3 by default), so that the delivery after the last crash is still made and
+//! dead-letters the job `crashed`. jobguard's `PgStore` can live in the same database
+//! (`PostgresStorage::setup` and `PgStore::migrate` side by side); the repository's
+//! `apalis_postgres_durable` test runs the crash, poison and last-delivery cases on it.
+//!
 //! # One job, one dead letter
 //!
 //! Under the layer, the give-up of a `#[retry]` (or [`Policy::run`](crate::Policy::run)) depends

@@ -113,6 +113,12 @@ mod error;
 pub mod http;
 pub mod idempotency;
 pub mod jitter;
+#[cfg(feature = "lapin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lapin")))]
+pub mod lapin;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
 pub mod observe;
 pub mod policy;
 mod record;
