@@ -106,6 +106,9 @@ mod bounds;
 pub mod breaker;
 mod claim;
 pub mod classify;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 pub mod dead_letter;
 mod error;
 #[cfg(feature = "http")]
