@@ -598,8 +598,10 @@ impl Problem {
         Problem::new(
             404,
             "not-found",
-            "Not found",
-            format!("There is no {what} `{id}`."),
+            "No such letter, key or breaker",
+            format!(
+                "There is no {what} `{id}` here: it may have gone already (redriven, deleted, reset)."
+            ),
         )
     }
 
@@ -669,7 +671,9 @@ impl Query {
         let mut rest = Vec::new();
         for (name, value) in pairs {
             if !seen.insert(name.as_str()) {
-                return Err(bad(format!("`{name}` is given twice.")));
+                return Err(bad(format!(
+                    "`{name}` is given twice: give each parameter once."
+                )));
             }
             let value = value.trim();
             if allowed.contains(&name.as_str()) {
@@ -701,7 +705,7 @@ impl Query {
                             .filter(|n| (1..=MAX_LIMIT).contains(n))
                             .ok_or_else(|| {
                                 bad(format!(
-                                    "`limit={limit}`: give a number from 1 to {MAX_LIMIT}."
+                                    "`limit={limit}` is not a page size: give a number from 1 to {MAX_LIMIT}."
                                 ))
                             })?;
                     }
