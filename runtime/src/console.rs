@@ -244,6 +244,7 @@ impl Console {
             .merge(api::routes())
             .merge(pages::routes())
             .with_state(console)
+            .layer(axum::middleware::from_fn(same_site))
     }
 
     fn emit(&self, action: &str, targets: &[String], actor: Option<&str>, outcome: &str) {
@@ -480,6 +481,34 @@ impl Console {
         self.emit("reset", &[name.to_owned()], actor, "ok");
         Ok(())
     }
+}
+
+/// Refuses an action a browser says comes from another site (`Sec-Fetch-Site: cross-site`): a
+/// page elsewhere posting a form to the console from an operator's browser.
+async fn same_site(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let safe = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let cross = request
+        .headers()
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"cross-site");
+    if !safe && cross {
+        return Problem::new(
+            403,
+            "cross-site",
+            "Refused: the request came from another site",
+            "The browser says this action was sent by a page of another site; act from the \
+             console's own pages.",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// A bulk action.
