@@ -21,9 +21,9 @@ pub type BrowseFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + S
 ///
 /// let now = SystemTime::now();
 /// let letter = DeadLetter::new("payments.charge", Some("k-1".into()), GiveUp::Exhausted, 5, "gateway Timeout", now, now);
-/// let filter = Filter { job: Some("payments.charge".into()), text: Some("timeout".into()), ..Filter::default() };
+/// let filter = Filter::new().job("payments.charge").text("timeout");
 /// assert!(filter.matches(&letter));
-/// assert!(!Filter { reason: Some(GiveUp::Crashed), ..Filter::default() }.matches(&letter));
+/// assert!(!Filter::new().reason(GiveUp::Crashed).matches(&letter));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -39,6 +39,35 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// The empty filter: every letter matches.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only letters of this job.
+    pub fn job(mut self, job: impl Into<String>) -> Self {
+        self.job = Some(job.into());
+        self
+    }
+
+    /// Only letters that gave up for this reason.
+    pub fn reason(mut self, reason: GiveUp) -> Self {
+        self.reason = Some(reason);
+        self
+    }
+
+    /// Only letters of this idempotency key.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Only letters whose error contains this text, in any case.
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.text = Some(text.into());
+        self
+    }
+
     /// `true` when no field is given: every letter matches.
     pub fn is_empty(&self) -> bool {
         self.job.is_none() && self.reason.is_none() && self.key.is_none() && self.text.is_none()
@@ -258,10 +287,7 @@ mod tests {
             let job = if i % 2 == 0 { "even" } else { "odd" };
             letters.push(letter(job, &format!("error {i}")));
         }
-        let even = Filter {
-            job: Some("even".into()),
-            ..Filter::default()
-        };
+        let even = Filter::new().job("even");
         let first = letters.page(&even, None, 2).await.unwrap();
         let ids: Vec<_> = first.entries.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["7", "5"]);
