@@ -90,7 +90,7 @@
 //!
 //! # Audit
 //!
-//! Every action raises [`Event::ConsoleAction`](crate::Event::ConsoleAction) on the runtime
+//! Every action raises [`Event::ConsoleAction`] on the runtime
 //! given to [`runtime`](Console::runtime) (else the runtime current when the action runs): what
 //! was done, to which letters, key or breaker, by whom and how it went; a bulk action once a
 //! batch.
@@ -113,7 +113,7 @@ mod api;
 mod pages;
 
 /// Letters acted on per batch by a bulk redrive or delete (one page read, then one action per
-/// letter, then one [`Event::ConsoleAction`](crate::Event::ConsoleAction)).
+/// letter, then one [`Event::ConsoleAction`]).
 pub const BATCH: usize = 200;
 
 /// The most letters one page shows; `limit` above it is `400`.
@@ -229,7 +229,7 @@ impl Console {
     }
 
     /// The runtime whose observer (and `metrics`, `tracing` views) hear the console's
-    /// [`Event::ConsoleAction`](crate::Event::ConsoleAction)s; by default the runtime current
+    /// [`Event::ConsoleAction`]s; by default the runtime current
     /// when an action runs.
     pub fn runtime(mut self, runtime: Runtime) -> Self {
         self.runtime = Some(runtime);

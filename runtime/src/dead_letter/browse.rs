@@ -88,6 +88,7 @@ impl Filter {
     }
 
     /// Whether an entry, a letter or a corrupt one, matches.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn matches_entry(&self, entry: &Result<DeadLetter, Error>) -> bool {
         match entry {
             Ok(letter) => self.matches(letter),

@@ -390,7 +390,7 @@ impl RedisDeadLetters {
 /// counts them.
 const SCAN: usize = 1000;
 
-/// A stream has no index but its ids: a filtered page reads the stream newest first, [`SCAN`]
+/// A stream has no index but its ids: a filtered page reads the stream newest first, 1,000
 /// entries at a time, and decodes and tests each, until the page is full (a filter that matches
 /// rarely reads far); a filtered count reads it all. The empty filter reads only the page
 /// (`XREVRANGE ... COUNT limit + 1`) and counts with `XLEN`.
