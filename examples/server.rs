@@ -580,14 +580,13 @@ impl Service {
             key: key.to_owned(),
             amount: 100,
         };
-        let pushed = match self.queue.clone() {
+        match self.queue.clone() {
             Queue::Memory(mut sink) => sink.send(Task::new(job)).await.map_err(|e| e.to_string()),
             Queue::Redis(mut storage) => {
                 let task = TaskBuilder::new(job).max_attempts(DELIVERIES).build();
                 storage.push_task(task).await.map_err(|e| e.to_string())
             }
-        };
-        pushed
+        }
     }
 
     /// Waits until this process's worker has finished `n` jobs in all.

@@ -80,7 +80,7 @@ const MAIL_EVERY: usize = 10;
 
 fn letter(i: usize) -> DeadLetter {
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + i as u64);
-    let job = if i % MAIL_EVERY == 0 {
+    let job = if i.is_multiple_of(MAIL_EVERY) {
         "mail.send"
     } else {
         "payments.charge"

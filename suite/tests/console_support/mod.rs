@@ -31,12 +31,12 @@ pub const SCOPE: &str = "tests.console";
 /// `k-i`; its payload `[i]`.
 pub fn letter(i: usize) -> DeadLetter {
     let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + i as u64);
-    let (job, error) = if i % 4 == 0 {
+    let (job, error) = if i.is_multiple_of(4) {
         ("mail.send", "smtp refused".to_owned())
     } else {
         ("payments.charge", format!("gateway Timeout #{i}"))
     };
-    let reason = if i % 10 == 0 {
+    let reason = if i.is_multiple_of(10) {
         GiveUp::Crashed
     } else {
         GiveUp::Exhausted
