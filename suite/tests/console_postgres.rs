@@ -47,5 +47,5 @@ async fn every_route_over_ten_thousand_letters_in_a_postgres_table() {
     assert_eq!(letters.len().await.unwrap(), LETTERS + 1);
 
     let (read_only, _) = console(letters.clone(), store.clone(), listening().0);
-    exercise(letters, store, read_only).await;
+    exercise(letters, store, read_only, true).await;
 }

@@ -49,5 +49,5 @@ async fn every_route_over_ten_thousand_letters_in_a_redis_stream() {
         .unwrap();
 
     let (read_only, _) = console(letters.clone(), store.clone(), listening().0);
-    exercise(letters, store, read_only).await;
+    exercise(letters, store, read_only, true).await;
 }
