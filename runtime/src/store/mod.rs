@@ -388,8 +388,7 @@ pub trait Store: Send + Sync {
     /// Forgets `key` whole: its claim, its result, its history and crashes, as if its record
     /// had expired, so that the next claim runs the job again (a completed job too) with no
     /// crash counted (its generation may go on from the forgotten one's, as after an expiry).
-    /// `true`
-    /// when the store held a record of it. For an operator who knows the job's effect is gone
+    /// `true` when the store held a record of it. For an operator who knows the job's effect is gone
     /// (a refund, a rollback); a worker holding a live claim loses it (its `complete` fails
     /// with [`Error::LeaseLost`](crate::Error::LeaseLost)). The built-in stores implement it;
     /// the default is [`Error::Config`](crate::Error::Config).
