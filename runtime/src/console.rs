@@ -884,7 +884,9 @@ fn rfc3339(t: SystemTime) -> String {
 /// `#[retry(payload = job)]`, so that its letter carries the task.
 ///
 /// The letter is removed once the task is on the queue: should the job fail again, its
-/// worker writes a new letter.
+/// worker writes a new letter. A `crashed` letter's key stays poisoned, and the worker would
+/// refuse the task: forgive the key first (the console's keys page, or
+/// [`idempotency::forgive`](crate::idempotency::forgive)), once the cause is fixed.
 #[cfg(feature = "apalis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
 pub fn requeue<T, S, K>(
