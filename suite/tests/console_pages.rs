@@ -191,4 +191,24 @@ async fn pages_render_escape_refuse_and_confirm() {
     }
     page(&client, "/jobguard/dead-letters/confirm?action=delete", 403).await;
     assert_eq!(letters.len(), 9);
+
+    // The actor an auth layer puts in the request's extensions wins over the header.
+    let (runtime, heard) = listening();
+    let (built, _) = console(letters.clone(), store.clone(), runtime);
+    let authenticated =
+        axum::Router::new()
+            .nest("/jobguard", built.router())
+            .layer(axum::middleware::from_fn(
+                |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                    request
+                        .extensions_mut()
+                        .insert(jobguard::console::Actor("ops-bot".into()));
+                    next.run(request).await
+                },
+            ));
+    let client = Client::new(serve(authenticated).await);
+    let reply = send(&client, "DELETE", "/jobguard/api/dead-letters/12", "").await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard[0].2.as_deref(), Some("ops-bot"), "{heard:?}");
 }
