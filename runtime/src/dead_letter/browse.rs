@@ -2,7 +2,7 @@
 //! can page through them (memory, a Redis stream, a Postgres table), for the console and for
 //! scripts of your own.
 
-use super::{DeadLetter, GiveUp, MemoryDeadLetters};
+use super::{DeadLetter, GiveUp, LogDeadLetters, MemoryDeadLetters};
 use crate::Error;
 use std::future::Future;
 use std::pin::Pin;
@@ -114,7 +114,7 @@ pub struct Page {
 }
 
 /// A sink whose letters an operator can page through, inspect and remove: implemented by
-/// [`MemoryDeadLetters`], [`RedisDeadLetters`](super::redis::RedisDeadLetters) (feature
+/// [`MemoryDeadLetters`], [`LogDeadLetters`] (the letters it keeps), [`RedisDeadLetters`](super::redis::RedisDeadLetters) (feature
 /// `redis`) and [`PgDeadLetters`](super::postgres::PgDeadLetters) (feature `postgres`). The
 /// console works over any of them.
 ///
@@ -252,6 +252,30 @@ impl Browse for MemoryDeadLetters {
 
     fn is_id(&self, id: &str) -> bool {
         number_id(id).is_some()
+    }
+}
+
+/// The letters it keeps ([`LogDeadLetters::kept`]); the log has them all.
+impl Browse for LogDeadLetters {
+    fn page<'a>(
+        &'a self,
+        filter: &'a Filter,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BrowseFuture<'a, Page> {
+        self.kept().page(filter, before, limit)
+    }
+    fn count<'a>(&'a self, filter: &'a Filter) -> BrowseFuture<'a, u64> {
+        self.kept().count(filter)
+    }
+    fn get<'a>(&'a self, id: &'a str) -> BrowseFuture<'a, Option<Result<DeadLetter, Error>>> {
+        self.kept().get(id)
+    }
+    fn remove<'a>(&'a self, id: &'a str) -> BrowseFuture<'a, bool> {
+        self.kept().remove(id)
+    }
+    fn is_id(&self, id: &str) -> bool {
+        self.kept().is_id(id)
     }
 }
 
