@@ -93,7 +93,10 @@ impl Chromedriver {
             .as_str()
             .expect("a session id")
             .to_owned();
-        Session { driver: self, id }
+        let session = Session { driver: self, id };
+        // Finding an element waits up to 5 s for it to appear (a page still loading).
+        session.call("POST", "/timeouts", Some(json!({"implicit": 5000})));
+        session
     }
 
     /// One request to the driver: its status and JSON body.
@@ -257,13 +260,33 @@ impl Session<'_> {
         found.as_array().map_or(0, Vec::len)
     }
 
-    /// Clicks `element` (a link or a submit button: the next page loads before this returns).
+    /// Clicks `element`, a link or a submit button that leads to another URL, and waits (up to
+    /// 10 s) until the browser is at that other URL and its page has loaded: a form's
+    /// submission may still be under way when the click returns.
     pub fn click(&self, element: &Element) {
+        let before = self.url();
         self.call(
             "POST",
             &format!("/element/{}/click", element.0),
             Some(json!({})),
         );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.url() == before {
+            assert!(
+                Instant::now() < deadline,
+                "the click left the browser at {before}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let state = json!({"script": "return document.readyState", "args": []});
+        while self.call("POST", "/execute/sync", Some(state.clone())) != "complete" {
+            assert!(
+                Instant::now() < deadline,
+                "the page at {} did not load",
+                self.url()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Clears the field `element` and types `text` into it.
