@@ -10,6 +10,8 @@
 //! curl -X POST -H 'Idempotency-Key: idem-9' http://127.0.0.1:3000/charge/order-C   # a client's key
 //! curl http://127.0.0.1:3000/state
 //! curl http://127.0.0.1:3000/metrics         # jobguard_attempts_total, jobguard_dead_lettered_total, ...
+//! open http://127.0.0.1:3000/jobguard/         # the operator console: dead letters, keys, breakers
+//! curl http://127.0.0.1:3000/jobguard/api/dead-letters
 //! ```
 //!
 //! - `POST /charge/{order_id}?key=K` pushes a charge job under the idempotency key `K` and
@@ -21,6 +23,13 @@
 //!   store and the dead letters.
 //! - `GET /metrics` returns jobguard's metrics for the jobs this process ran, in the Prometheus
 //!   text format.
+//! - `/jobguard/` is jobguard's operator console (`jobguard::console`): the dead letters, newest
+//!   first, filtered, each redriven (pushed back onto the queue as a new charge job under its
+//!   key) or deleted; a key's state, forgiven or forgotten; its JSON API under
+//!   `/jobguard/api/`. **The console has no authentication of its own**: this example serves it
+//!   read-write only when it listens on a loopback address, and read-only otherwise. A real
+//!   service nests it behind its own authentication layer (which also names the operator for
+//!   the audit trail, with a `jobguard::console::Actor` extension).
 //!
 //! Without flags, the jobs go to apalis's in-memory storage and an apalis worker in this process
 //! runs them, with jobguard's embedded stores: nothing survives a restart. With `--redis URL`,
@@ -46,6 +55,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use futures::SinkExt;
 use jobguard::apalis::GuardLayer;
+use jobguard::console::Console;
+use jobguard::dead_letter::Browse;
 use jobguard::http::IdempotencyLayer;
 use jobguard::{Event, MemoryDeadLetters, MemoryStore, RedisDeadLetters, RedisStore, Runtime};
 use jobguard::{Store, StoreKey, Transient};
@@ -84,8 +95,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(url) => Service::start_redis(&url, worker).await?,
     };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(service)).await?;
+    let local = listener.local_addr()?;
+    println!("listening on http://{local}");
+    // The console acts (redrive, delete, forgive) only for a loopback listener: it has no
+    // authentication of its own. Anywhere else it is read-only here; put it behind your own
+    // authentication layer before you make it read-write.
+    let read_only = !local.ip().is_loopback();
+    if read_only {
+        println!("the console at /jobguard/ is read-only: {local} is not a loopback address");
+    }
+    axum::serve(listener, app(service, read_only)).await?;
     Ok(())
 }
 
@@ -98,13 +117,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// request `422`. Requests without the header (`?key=K`, as a queue's producer sends them) pass
 /// through; the job itself is idempotent under its key either way.
 pub fn router(service: Service) -> axum::Router {
+    app(service, false)
+}
+
+/// [`router`], with the console read-only or not.
+pub fn app(service: Service, console_read_only: bool) -> axum::Router {
     let requests = IdempotencyLayer::new(service.store.clone()).required(false);
+    let console = console(&service).read_only(console_read_only);
     axum::Router::new()
         .route("/charge/{order_id}", post(charge_route))
         .route("/state", get(state_route))
         .route("/metrics", get(metrics_route))
         .with_state(service)
         .layer(requests)
+        .nest("/jobguard", console.router())
+}
+
+/// The operator console over the service's dead letters and idempotency store. A charge's
+/// letter is redriven by pushing the charge back onto the queue under its key, from the
+/// letter's payload (`#[retry(payload = (order_id, amount))]`): a worker runs it again.
+pub fn console(service: &Service) -> Console {
+    let queue = service.clone();
+    Console::new()
+        .dead_letters(service.letters.clone())
+        .store(service.store.clone())
+        .redrive("payments.charge", move |letter: jobguard::DeadLetter| {
+            let queue = queue.clone();
+            async move {
+                let (order_id, _amount): (String, u64) =
+                    letter.payload_as().ok_or_else(|| {
+                        jobguard::Error::Corrupt("a letter without its payload".into())
+                    })??;
+                let key = letter
+                    .key
+                    .ok_or_else(|| jobguard::Error::Corrupt("a letter without its key".into()))?;
+                queue
+                    .push(&order_id, &key)
+                    .await
+                    .map_err(jobguard::Error::Store)
+            }
+        })
 }
 
 #[derive(Deserialize)]
@@ -159,7 +211,7 @@ pub struct ChargeJob {
 /// The job: idempotency outside, retry inside. The lease is short so that the job of a worker
 /// killed mid-charge is taken over within seconds.
 #[jobguard::idempotent(key = key, scope = "payments.charge", lease = "5s")]
-#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none, on = transient)]
+#[jobguard::retry(attempts = 5, base = "500ms", cap = "8s", jitter = none, on = transient, payload = (order_id, amount))]
 pub async fn charge(
     gateway: &Gateway,
     order_id: &str,
@@ -386,6 +438,8 @@ pub struct Service {
     gateway: Arc<Gateway>,
     runtime: Runtime,
     store: Arc<dyn Store>,
+    /// The dead letters, for the console.
+    letters: Arc<dyn Browse>,
     queue: Queue,
     /// Idempotency key to order id, for every job queued or run here.
     orders: Arc<Mutex<BTreeMap<String, String>>>,
@@ -399,7 +453,7 @@ impl Service {
     /// current tokio runtime. Jobs use `store` and send their dead letters to `dead_letters`.
     pub fn start<S: Store + Clone + 'static>(
         store: S,
-        dead_letters: impl jobguard::DeadLetterSink + 'static,
+        dead_letters: impl jobguard::DeadLetterSink + Browse + Clone + 'static,
     ) -> Service {
         let (sender, receiver) = futures::channel::mpsc::unbounded::<Task<ChargeJob>>();
         let sink: Box<
@@ -447,10 +501,11 @@ impl Service {
 
     fn new<S: Store + Clone + 'static>(
         store: S,
-        dead_letters: impl jobguard::DeadLetterSink + 'static,
+        dead_letters: impl jobguard::DeadLetterSink + Browse + Clone + 'static,
         journal: Journal,
         queue: Queue,
     ) -> Service {
+        let letters: Arc<dyn Browse> = Arc::new(dead_letters.clone());
         let orders: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let (lines, seen) = (journal.clone(), orders.clone());
         let order_of = move |key: &str| seen.lock().unwrap().get(key).cloned().unwrap_or_default();
@@ -495,6 +550,7 @@ impl Service {
             gateway: Arc::new(Gateway { journal }),
             runtime,
             store: Arc::new(store),
+            letters,
             queue,
             orders,
             done: Arc::new(watch::channel(0).0),
@@ -511,21 +567,25 @@ impl Service {
 
     /// Pushes a charge of 100 to the queue and returns.
     pub async fn enqueue(&self, order_id: &str, key: &str) {
+        if let Err(e) = self.push(order_id, key).await {
+            eprintln!("charge of {order_id} not queued: {e}");
+        }
+    }
+
+    /// Pushes a charge of 100 to the queue, or says why it was not.
+    async fn push(&self, order_id: &str, key: &str) -> Result<(), String> {
         self.remember(key, order_id);
         let job = ChargeJob {
             order_id: order_id.to_owned(),
             key: key.to_owned(),
             amount: 100,
         };
-        let pushed = match self.queue.clone() {
+        match self.queue.clone() {
             Queue::Memory(mut sink) => sink.send(Task::new(job)).await.map_err(|e| e.to_string()),
             Queue::Redis(mut storage) => {
                 let task = TaskBuilder::new(job).max_attempts(DELIVERIES).build();
                 storage.push_task(task).await.map_err(|e| e.to_string())
             }
-        };
-        if let Err(e) = pushed {
-            eprintln!("charge of {order_id} not queued: {e}");
         }
     }
 

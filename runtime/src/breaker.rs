@@ -347,6 +347,25 @@ impl CircuitBreaker {
         state_of(word)
     }
 
+    /// The failures it counts now: transient failures in a row (a [`new`](Self::new) breaker),
+    /// or failures in its window (a [`failure_rate`](Self::failure_rate) breaker). For an
+    /// operator's view; [`reset`](Self::reset) empties it.
+    ///
+    /// ```
+    /// use jobguard::CircuitBreaker;
+    /// use std::time::Duration;
+    ///
+    /// let breaker = CircuitBreaker::new(5, Duration::from_secs(30));
+    /// assert_eq!(breaker.failures(), 0);
+    /// ```
+    pub fn failures(&self) -> u32 {
+        let tally = self.tally.load(Ordering::Acquire);
+        match self.mode {
+            Mode::Consecutive { .. } => u32::try_from(tally).unwrap_or(u32::MAX),
+            Mode::Rate { .. } => tally.count_ones().saturating_sub(1),
+        }
+    }
+
     /// Time left until an open breaker lets a probe through; zero unless it is open.
     pub fn retry_in(&self) -> Duration {
         match self.word.load(Ordering::Acquire) & STATE {

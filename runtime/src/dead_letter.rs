@@ -55,9 +55,15 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod browse;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+
+pub use browse::{Browse, BrowseFuture, Filter, Page};
 
 pub use crate::record::{DeadLetter, GiveUp};
 
@@ -187,7 +193,9 @@ pub struct MemoryDeadLetters {
 }
 
 struct MemoryInner {
-    letters: Mutex<VecDeque<DeadLetter>>,
+    /// Each letter with its id, a number counted from 1 in the order they came.
+    letters: Mutex<VecDeque<(u64, DeadLetter)>>,
+    next_id: AtomicU64,
     capacity: usize,
     dropped: AtomicU64,
 }
@@ -223,6 +231,7 @@ impl MemoryDeadLetters {
         MemoryDeadLetters {
             inner: Arc::new(MemoryInner {
                 letters: Mutex::new(VecDeque::new()),
+                next_id: AtomicU64::new(1),
                 capacity,
                 dropped: AtomicU64::new(0),
             }),
@@ -231,7 +240,7 @@ impl MemoryDeadLetters {
 
     /// Every letter kept, oldest first.
     pub fn letters(&self) -> Vec<DeadLetter> {
-        self.lock().iter().cloned().collect()
+        self.lock().iter().map(|(_, l)| l.clone()).collect()
     }
 
     /// How many letters are kept.
@@ -256,10 +265,10 @@ impl MemoryDeadLetters {
 
     /// Removes and returns every letter, oldest first.
     pub fn drain(&self) -> Vec<DeadLetter> {
-        self.lock().drain(..).collect()
+        self.lock().drain(..).map(|(_, l)| l).collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<DeadLetter>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, DeadLetter)>> {
         // A poisoned list is still a list: a panic elsewhere must not lose letters.
         self.inner.letters.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -272,8 +281,9 @@ impl MemoryDeadLetters {
             } else {
                 None
             };
-            letters.push_back(letter);
-            evicted
+            let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+            letters.push_back((id, letter));
+            evicted.map(|(_, old)| old)
         };
         if let Some(old) = evicted {
             self.report_drop(&old);
@@ -426,6 +436,34 @@ impl DeadLetterSink for LogDeadLetters {
     }
 }
 
+/// A failed redrive: `RedisDeadLetters::redrive` or `PgDeadLetters::redrive`.
+#[derive(Debug)]
+pub enum RedriveError<E> {
+    /// The closure failed: the letter is kept.
+    Job(E),
+    /// The letter could not be read ([`Error::Store`], [`Error::Corrupt`]), or the closure
+    /// succeeded and the letter could not be removed afterwards ([`Error::Store`]).
+    Store(Error),
+}
+
+impl<E: fmt::Display> fmt::Display for RedriveError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedriveError::Job(e) => write!(f, "redriven job failed, letter kept: {e}"),
+            RedriveError::Store(e) => write!(f, "dead letters: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RedriveError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RedriveError::Job(e) => Some(e),
+            RedriveError::Store(e) => Some(e),
+        }
+    }
+}
+
 tokio::task_local! {
     /// The job, key and reason of the letter being redriven (see [`redriving`]).
     static REDRIVING: (String, Option<String>, GiveUp);
@@ -437,7 +475,7 @@ tokio::task_local! {
 /// letter is a poison job's (`crashed`), that job and key's poisoned key is forgiven once so
 /// that the job runs (see `Idempotent`'s claim). Any other job's letters are written, and its
 /// keys refused, as ever.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "console"))]
 pub(crate) fn redriving<F: Future>(
     job: String,
     key: Option<String>,

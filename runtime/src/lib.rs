@@ -80,8 +80,13 @@
 //! - **Job runners**: `apalis::GuardLayer` (feature `apalis`) for apalis workers; on another
 //!   runner, [`Delivery::scope`] puts the broker's delivery in scope.
 //! - **Dead letters**: the [`DeadLetterSink`] trait, [`LogDeadLetters`] (the default),
-//!   [`MemoryDeadLetters`], [`from_fn`], `RedisDeadLetters` (feature `redis`); each give-up is
-//!   one [`DeadLetter`] with its [`GiveUp`] reason.
+//!   [`MemoryDeadLetters`], [`from_fn`], `RedisDeadLetters` (feature `redis`),
+//!   `dead_letter::postgres::PgDeadLetters` (feature `postgres`); each give-up is one
+//!   [`DeadLetter`] with its [`GiveUp`] reason, and [`dead_letter::Browse`] pages through the
+//!   sinks that keep them.
+//! - **An operator console**: `console::Console` (feature `console`), an axum `Router` of pages
+//!   and a JSON API over the dead letters, a store's keys and breakers, for a human to see and
+//!   act on (redrive, delete, forgive, forget, reset).
 //! - **Configuration**: a [`Runtime`] names the store, the dead-letter sink, the [`Observer`]
 //!   and the jitter's seed; [`Runtime::install`] makes it the process default, and
 //!   [`Runtime::scope`] uses it for one future.
@@ -106,6 +111,9 @@ mod bounds;
 pub mod breaker;
 mod claim;
 pub mod classify;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 pub mod dead_letter;
 mod error;
 #[cfg(feature = "http")]

@@ -222,6 +222,19 @@ pub enum Event<'a> {
         /// The state it entered.
         to: BreakerState,
     },
+    /// An operator acted through the console (`jobguard::console`, feature `console`): the
+    /// audit trail of who did what. Raised once per action, after it was carried out (a bulk
+    /// action over many letters once per batch of them, with the batch's ids).
+    ConsoleAction {
+        /// What was done: `redrive`, `delete`, `forgive`, `forget` or `reset`.
+        action: &'a str,
+        /// What it was done to: dead letters' ids, a key as `scope/key`, or a breaker's name.
+        targets: &'a [String],
+        /// Who did it: the request's `x-jobguard-actor` extension or header, when it has one.
+        actor: Option<&'a str>,
+        /// How it went: `ok`, or what failed.
+        outcome: &'a str,
+    },
 }
 
 /// Every field as it is, the error of a [`Event::Retry`] (and the like) in its `Display` form.
@@ -310,6 +323,18 @@ impl fmt::Debug for Event<'_> {
                 .field("breaker", &breaker)
                 .field("from", &from)
                 .field("to", &to)
+                .finish(),
+            Event::ConsoleAction {
+                action,
+                targets,
+                actor,
+                outcome,
+            } => f
+                .debug_struct("ConsoleAction")
+                .field("action", &action)
+                .field("targets", &targets)
+                .field("actor", &actor)
+                .field("outcome", &outcome)
                 .finish(),
         }
     }

@@ -16,7 +16,8 @@
 //! binary); claims racing for the same keys, and [`Idempotent`] deliveries racing; generations
 //! that only grow and a release that keeps them; abandoned claims taken over and counted until
 //! the key is poisoned and refused for its TTL, with its dead letter's role handed out until
-//! [`Store::lettered`]; `forgive` and `lookup`.
+//! [`Store::lettered`]; `forgive` and `lookup`; and, for a store that implements them, `inspect`
+//! and `forget`.
 //!
 //! They run on the real clock, since a server keeps its leases on its own: where a lease must
 //! lapse it is short (300 ms), and the checks poll with a deadline rather than sleep for a
@@ -29,7 +30,9 @@
 
 use crate::Error;
 use crate::idempotency::Idempotent;
-use crate::store::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
+use crate::store::{
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey,
+};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -84,6 +87,7 @@ where
         forgive_leaves_a_completed_record_and_a_live_claim_as_they_are,
         a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_it,
         a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it,
+        inspect_tells_each_state_and_forget_frees_the_key,
     );
 }
 
@@ -1413,4 +1417,87 @@ pub async fn a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_
         }
         None => assert_eq!(after, Ok(acquired(2, 0))),
     }
+}
+
+/// [`Store::inspect`] tells a key's state without changing it (free, claimed with the time
+/// left on its lease, completed with its result, released with its history, poisoned with its
+/// crashes), and [`Store::forget`] drops a key whole, so that the next claim is a first one.
+/// Both are optional: a store that answers them [`Error::Config`] (the trait's defaults) is not
+/// checked further.
+pub async fn inspect_tells_each_state_and_forget_frees_the_key<B: Backend>(b: &B) {
+    let store = b.store();
+    let never = key("inspect-never");
+    match store.inspect(never).await {
+        Err(Error::Config(_)) => return,
+        got => assert_eq!(got, Ok(KeyInfo::free()), "a key never claimed"),
+    }
+    let lease = ClaimOptions::new(Duration::from_secs(60));
+    let c = key("inspect-claimed");
+    assert_eq!(store.claim(c, "w1", lease).await, Ok(acquired(1, 0)));
+    let info = store.inspect(c).await.unwrap();
+    assert_eq!(info.state, KeyState::Claimed, "{info:?}");
+    assert_eq!((info.generation, info.crashes), (Some(1), 0), "{info:?}");
+    let left = info.lease_left.expect("a claim's lease");
+    assert!(
+        left > Duration::from_secs(50) && left <= Duration::from_secs(60),
+        "{left:?}"
+    );
+    assert!(
+        matches!(
+            store.claim(c, "w2", lease).await,
+            Ok(Claimed::InProgress { .. })
+        ),
+        "inspect took nothing from the claim"
+    );
+    store.complete(c, "w1", b"done", DAY).await.unwrap();
+    let info = store.inspect(c).await.unwrap();
+    assert_eq!(info.state, KeyState::Completed, "{info:?}");
+    assert_eq!(info.result.as_deref(), Some(&b"done"[..]));
+
+    let r = key("inspect-released");
+    assert_eq!(store.claim(r, "w1", lease).await, Ok(acquired(1, 0)));
+    store.release(r, "w1").await.unwrap();
+    let info = store.inspect(r).await.unwrap();
+    assert_eq!(info.state, KeyState::Free, "{info:?}");
+    assert_eq!(
+        (info.generation, info.crashes),
+        (Some(1), 0),
+        "history kept: {info:?}"
+    );
+
+    let p = key("inspect-poisoned");
+    let options = ClaimOptions::new(CRASH_LEASE)
+        .crashes(1)
+        .ttl(Duration::from_secs(3600));
+    let (_, refused) = poison(&store, p, options).await;
+    assert!(
+        matches!(refused, Claimed::Poisoned { crashes: 1, .. }),
+        "{refused:?}"
+    );
+    let info = store.inspect(p).await.unwrap();
+    assert_eq!(
+        (info.state, info.crashes),
+        (KeyState::Poisoned, 1),
+        "{info:?}"
+    );
+
+    match store.forget(c).await {
+        Err(Error::Config(_)) => return,
+        got => assert_eq!(got, Ok(true), "a completed key"),
+    }
+    assert_eq!(store.inspect(c).await, Ok(KeyInfo::free()));
+    // Acquired without crashes; the generation may go on from the forgotten one's (as after
+    // a record's expiry: see `Store::claim`).
+    let first = store.claim(c, "w3", lease).await;
+    assert!(
+        matches!(first, Ok(Claimed::Acquired { crashes: 0, .. })),
+        "{first:?}"
+    );
+    assert_eq!(store.forget(p).await, Ok(true), "a poisoned key");
+    let first = store.claim(p, "w1", options).await;
+    assert!(
+        matches!(first, Ok(Claimed::Acquired { crashes: 0, .. })),
+        "{first:?}"
+    );
+    assert_eq!(store.forget(never).await, Ok(false), "a key never claimed");
 }

@@ -4,12 +4,14 @@
 //! ([`cluster`]), a private `postgres` ([`postgres`]) and what its tests' jobs share
 //! ([`pg_job`]), one conformance suite for every idempotency store ([`conformance`]), a reader
 //! of the Prometheus text format ([`prometheus`]), a counting allocator ([`alloc`]), a
-//! `MemoryStore` whose operations can be made to fail ([`faulty`]) and the error of a job
-//! against a flaky gateway ([`gateway`]). Not published.
+//! `MemoryStore` whose operations can be made to fail ([`faulty`]), the error of a job
+//! against a flaky gateway ([`gateway`]) and a headless Chromium over WebDriver ([`chromium`]).
+//! Not published.
 #![warn(missing_docs)]
 
 pub mod alloc;
 pub mod broker;
+pub mod chromium;
 pub mod cluster;
 pub mod conformance;
 pub mod faulty;

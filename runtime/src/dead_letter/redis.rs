@@ -58,7 +58,7 @@
 //! refused for its TTL; the redrive forgives it once, so the job runs (see
 //! [`idempotency`](crate::idempotency#forgiving-a-key)).
 
-use super::{DeadLetter, DeadLetterSink, SinkFuture};
+use super::{Browse, BrowseFuture, DeadLetter, DeadLetterSink, Filter, Page, SinkFuture};
 use crate::Error;
 use crate::store::redis::{RedisConnection, RedisStore};
 use ::redis::Value;
@@ -94,33 +94,7 @@ impl fmt::Debug for RedisDeadLetters {
     }
 }
 
-/// A failed [`redrive`](RedisDeadLetters::redrive).
-#[derive(Debug)]
-pub enum RedriveError<E> {
-    /// The closure failed: the letter is kept.
-    Job(E),
-    /// The letter could not be read ([`Error::Store`], [`Error::Corrupt`]), or the closure
-    /// succeeded and the letter could not be removed afterwards ([`Error::Store`]).
-    Store(Error),
-}
-
-impl<E: fmt::Display> fmt::Display for RedriveError<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedriveError::Job(e) => write!(f, "redriven job failed, letter kept: {e}"),
-            RedriveError::Store(e) => write!(f, "dead-letter stream: {e}"),
-        }
-    }
-}
-
-impl<E: std::error::Error + 'static> std::error::Error for RedriveError<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RedriveError::Job(e) => Some(e),
-            RedriveError::Store(e) => Some(e),
-        }
-    }
-}
+pub use super::RedriveError;
 
 impl RedisDeadLetters {
     /// The stream length [`new`](Self::new) and [`connect`](Self::connect) trim to.
@@ -412,6 +386,156 @@ impl RedisDeadLetters {
     }
 }
 
+/// Entries read per `XREVRANGE` while a filter looks for matches, and per `XRANGE` while it
+/// counts them.
+const SCAN: usize = 1000;
+
+/// A stream has no index but its ids: a filtered page reads the stream newest first, 1,000
+/// entries at a time, and decodes and tests each, until the page is full (a filter that matches
+/// rarely reads far); a filtered count reads it all. The empty filter reads only the page
+/// (`XREVRANGE ... COUNT limit + 1`) and counts with `XLEN`.
+impl Browse for RedisDeadLetters {
+    fn page<'a>(
+        &'a self,
+        filter: &'a Filter,
+        before: Option<&'a str>,
+        limit: usize,
+    ) -> BrowseFuture<'a, Page> {
+        Box::pin(async move {
+            let mut end = match before {
+                None => "+".to_owned(),
+                Some(id) => match prev_id(id) {
+                    Some(end) => end,
+                    None => {
+                        return Ok(Page {
+                            entries: Vec::new(),
+                            next: None,
+                        });
+                    }
+                },
+            };
+            let batch = if filter.is_empty() {
+                limit + 1
+            } else {
+                SCAN.max(limit + 1)
+            };
+            let mut entries = Vec::new();
+            loop {
+                let raw = self.rev_range(&end, batch).await?;
+                let exhausted = raw.len() < batch;
+                let last = raw.last().map(|(id, _)| id.clone());
+                for (id, record) in raw {
+                    let entry = self.decode_entry(&id, record);
+                    if filter.matches_entry(&entry) {
+                        entries.push((id, entry));
+                        if entries.len() > limit {
+                            entries.truncate(limit);
+                            let next = entries.last().map(|(id, _)| id.clone());
+                            return Ok(Page { entries, next });
+                        }
+                    }
+                }
+                match last.as_deref().and_then(prev_id) {
+                    Some(before_last) if !exhausted => end = before_last,
+                    _ => {
+                        return Ok(Page {
+                            entries,
+                            next: None,
+                        });
+                    }
+                }
+            }
+        })
+    }
+
+    fn count<'a>(&'a self, filter: &'a Filter) -> BrowseFuture<'a, u64> {
+        Box::pin(async move {
+            if filter.is_empty() {
+                return Ok(self.len().await? as u64);
+            }
+            let (mut start, mut n) = ("-".to_owned(), 0u64);
+            loop {
+                let raw = self.range(&start, "+", SCAN).await?;
+                let full = raw.len() == SCAN;
+                let after = raw.last().and_then(|(id, _)| next_id(id));
+                for (id, record) in raw {
+                    if filter.matches_entry(&self.decode_entry(&id, record)) {
+                        n += 1;
+                    }
+                }
+                match after {
+                    Some(after) if full => start = after,
+                    _ => return Ok(n),
+                }
+            }
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> BrowseFuture<'a, Option<Result<DeadLetter, Error>>> {
+        Box::pin(async move {
+            if !is_stream_id(id) {
+                return Ok(None);
+            }
+            let mut page = self.range(id, id, 1).await?;
+            Ok(page
+                .pop()
+                .map(|(found, record)| self.decode_entry(&found, record)))
+        })
+    }
+
+    fn remove<'a>(&'a self, id: &'a str) -> BrowseFuture<'a, bool> {
+        Box::pin(async move {
+            if !is_stream_id(id) {
+                return Ok(false);
+            }
+            RedisDeadLetters::remove(self, id).await
+        })
+    }
+
+    fn is_id(&self, id: &str) -> bool {
+        is_stream_id(id)
+    }
+}
+
+impl RedisDeadLetters {
+    /// Up to `count` raw entries with ids at most `end`, newest first.
+    async fn rev_range(&self, end: &str, count: usize) -> Result<Entries, Error> {
+        let reply: Value = ::redis::cmd("XREVRANGE")
+            .arg(&*self.stream)
+            .arg(end)
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| self.store_error("XREVRANGE", &e))?;
+        parse_range(reply)
+            .map_err(|why| Error::Store(format!("unexpected reply to XREVRANGE: {why}")))
+    }
+}
+
+/// `ms-seq`, two decimal numbers of at most 64 bits: a stream entry id.
+fn is_stream_id(id: &str) -> bool {
+    let number = |s: &str| {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
+    };
+    id.split_once('-')
+        .is_some_and(|(ms, seq)| number(ms) && number(seq))
+}
+
+/// The id right before `id`; `None` when `id` is not an entry id or is `0-0`.
+fn prev_id(id: &str) -> Option<String> {
+    if !is_stream_id(id) {
+        return None;
+    }
+    let (ms, seq) = id.split_once('-')?;
+    let (ms, seq): (u64, u64) = (ms.parse().ok()?, seq.parse().ok()?);
+    match seq.checked_sub(1) {
+        Some(seq) => Some(format!("{ms}-{seq}")),
+        None => Some(format!("{}-{}", ms.checked_sub(1)?, u64::MAX)),
+    }
+}
+
 impl DeadLetterSink for RedisDeadLetters {
     fn send(&self, letter: DeadLetter) -> SinkFuture<'_> {
         Box::pin(async move { self.add(&letter).await.map(drop) })
@@ -481,6 +605,16 @@ fn parse_range(reply: Value) -> Result<Entries, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_go_back_within_and_across_milliseconds() {
+        assert_eq!(prev_id("5-1").as_deref(), Some("5-0"));
+        assert_eq!(prev_id("5-0"), Some(format!("4-{}", u64::MAX)));
+        assert_eq!(prev_id("0-0"), None);
+        assert_eq!(prev_id("5"), None);
+        assert!(!is_stream_id("5-"));
+        assert!(!is_stream_id("a-1"));
+    }
 
     #[test]
     fn ids_advance_within_and_across_milliseconds() {

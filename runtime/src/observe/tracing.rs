@@ -176,6 +176,19 @@ fn record_enabled(event: &Event<'_>) {
             warn!(target: "jobguard", scope, key, error = %error, "claim failed")
         }
         Event::Breaker { breaker, from, to } => breaker_transition(breaker, from, to),
+        Event::ConsoleAction {
+            action,
+            targets,
+            actor,
+            outcome,
+        } => info!(
+            target: "jobguard",
+            action,
+            targets = ?targets,
+            actor,
+            outcome,
+            "console action",
+        ),
         _ => {}
     }
 }

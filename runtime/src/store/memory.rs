@@ -69,7 +69,7 @@
 //! *stale*, dropped when it comes to the front. Every entry filed pays for two looks at its
 //! order's front, so an order holds about as many stale entries as live ones at most.
 
-use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
@@ -388,6 +388,45 @@ impl Store for MemoryStore {
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
         self.with_shard(key, |shard, op| shard.lettered(op));
         done(Ok(()))
+    }
+
+    /// The key's record under its shard lock, changed in nothing.
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        let info = self.with_shard(key, |shard, op| {
+            let Some(record) = shard.records.find(op.hash, key) else {
+                return KeyInfo::free();
+            };
+            if record.expires <= op.now {
+                return KeyInfo::free();
+            }
+            let (generation, crashes) = (Some(record.generation), record.crashes);
+            match record.state {
+                State::Claimed { lease_end } => {
+                    let left = Duration::from_nanos(lease_end.saturating_sub(op.now));
+                    KeyInfo::new(KeyState::Claimed, generation, crashes).lease_left(left)
+                }
+                State::Completed => KeyInfo::new(KeyState::Completed, generation, crashes)
+                    .result(record.payload().to_vec()),
+                State::Released => KeyInfo::new(KeyState::Free, generation, crashes),
+                State::Poisoned { .. } => KeyInfo::new(KeyState::Poisoned, generation, crashes),
+            }
+        });
+        Box::pin(std::future::ready(Ok(info)))
+    }
+
+    /// Marks the key's record expired under its shard lock: every later operation finds the
+    /// key free, without history, and the record's bytes go with the next sweep of its order.
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        let forgotten = self.with_shard(key, |shard, op| {
+            match shard.records.find_mut(op.hash, key) {
+                Some(record) if record.expires > op.now => {
+                    record.expires = op.now;
+                    true
+                }
+                _ => false,
+            }
+        });
+        Box::pin(std::future::ready(Ok(forgotten)))
     }
 }
 

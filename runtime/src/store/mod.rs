@@ -180,6 +180,95 @@ pub enum Letter {
     Written,
 }
 
+/// What a key's record says, read without changing it ([`Store::inspect`]): for an operator's
+/// console or a status page.
+///
+/// ```
+/// use jobguard::store::{KeyInfo, KeyState};
+///
+/// let free = KeyInfo::free();
+/// assert_eq!(free.state, KeyState::Free);
+/// assert_eq!(free.state.as_str(), "free");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyInfo {
+    /// Which of [the states of a key](self#the-states-of-a-key) it is in.
+    pub state: KeyState,
+    /// The last claim's number, when the store keeps it (a completed record of the Redis
+    /// store does not).
+    pub generation: Option<u64>,
+    /// Abandoned claims counted.
+    pub crashes: u32,
+    /// For a claim, the time left on its lease: zero when the lease has ended (the claim was
+    /// abandoned, and the next claim takes it over and counts a crash).
+    pub lease_left: Option<Duration>,
+    /// For a completed key, the stored result (what a replay returns).
+    pub result: Option<Vec<u8>>,
+}
+
+impl KeyInfo {
+    /// A key the store does not hold: free, without history.
+    pub fn free() -> Self {
+        KeyInfo {
+            state: KeyState::Free,
+            generation: None,
+            crashes: 0,
+            lease_left: None,
+            result: None,
+        }
+    }
+
+    /// A key in `state` with this history, no lease and no result.
+    pub fn new(state: KeyState, generation: Option<u64>, crashes: u32) -> Self {
+        KeyInfo {
+            state,
+            generation,
+            crashes,
+            lease_left: None,
+            result: None,
+        }
+    }
+
+    /// The info with the claim's time left on its lease.
+    pub fn lease_left(mut self, left: Duration) -> Self {
+        self.lease_left = Some(left);
+        self
+    }
+
+    /// The info with the completed key's stored result.
+    pub fn result(mut self, result: Vec<u8>) -> Self {
+        self.result = Some(result);
+        self
+    }
+}
+
+/// The state of a key, as [`KeyInfo`] says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// No record, an expired one or a released one: the next claim runs the job.
+    Free,
+    /// A claim holds the key (its lease may have ended: see [`KeyInfo::lease_left`]).
+    Claimed,
+    /// The job completed: its result is replayed.
+    Completed,
+    /// The key's abandoned claims reached the crash limit: refused until forgiven or expired.
+    Poisoned,
+}
+
+impl KeyState {
+    /// `free`, `claimed`, `completed` or `poisoned`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Free => "free",
+            KeyState::Claimed => "claimed",
+            KeyState::Completed => "completed",
+            KeyState::Poisoned => "poisoned",
+        }
+    }
+}
+
 /// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore),
 /// [`RedisStore`](redis::RedisStore) (feature `redis`) and `PgStore` (feature `postgres`); a
 /// store of your own implements these seven methods, following [the states of a
@@ -277,6 +366,38 @@ pub trait Store: Send + Sync {
     /// Confirms that a poisoned key's dead letter was written: later claims find
     /// [`Claimed::Poisoned`] without the letter role. Nothing for a key that is not poisoned.
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()>;
+
+    /// What `key`'s record says ([`KeyInfo`]), read without claiming, renewing or releasing
+    /// anything, for an operator's console. The built-in stores implement it; the default
+    /// answers only what [`lookup`](Store::lookup) knows (a completed key) and is
+    /// [`Error::Config`](crate::Error::Config) for any other, since it cannot tell a free key
+    /// from a claimed or poisoned one.
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        Box::pin(async move {
+            match self.lookup(key).await? {
+                Some(result) => Ok(KeyInfo::new(KeyState::Completed, None, 0).result(result)),
+                None => Err(crate::Error::Config(
+                    "this store does not implement Store::inspect: a key it does not hold \
+                     completed may be free, claimed or poisoned"
+                        .into(),
+                )),
+            }
+        })
+    }
+
+    /// Forgets `key` whole: its claim, its result, its history and crashes, as if its record
+    /// had expired, so that the next claim runs the job again (a completed job too) with no
+    /// crash counted (its generation may go on from the forgotten one's, as after an expiry).
+    /// `true` when the store held a record of it. For an operator who knows the job's effect is gone
+    /// (a refund, a rollback); a worker holding a live claim loses it (its `complete` fails
+    /// with [`Error::LeaseLost`](crate::Error::LeaseLost)). The built-in stores implement it;
+    /// the default is [`Error::Config`](crate::Error::Config).
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(crate::Error::Config(
+            "this store does not implement Store::forget".into(),
+        ))))
+    }
 }
 
 /// Forwards every method to the store behind the pointer.
@@ -319,6 +440,12 @@ macro_rules! forward_store {
             }
             fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
                 (**self).lettered(key)
+            }
+            fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+                (**self).inspect(key)
+            }
+            fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+                (**self).forget(key)
             }
         }
     )*};

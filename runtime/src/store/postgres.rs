@@ -117,7 +117,7 @@
 //!   (2 s with [`PgStore::connect`]), and the job does not run: fail closed. The pool opens new
 //!   connections when the server is back.
 
-use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::store::record::{
     DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, key_reused, new_token, settled,
@@ -201,6 +201,19 @@ BEGIN
     END IF;
 END
 $$;
+CREATE TABLE IF NOT EXISTS jobguard_dead_letters (
+    id         bigserial   PRIMARY KEY,
+    job        text        NOT NULL,
+    key        text,
+    reason     text        NOT NULL,
+    error      text        NOT NULL,
+    record     text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS jobguard_dead_letters_job ON jobguard_dead_letters (job, id);
+CREATE INDEX IF NOT EXISTS jobguard_dead_letters_key ON jobguard_dead_letters (key, id)
+    WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters (reason, id);
 "#;
 
     /// Connects a pool of up to 10 connections to `url`
@@ -651,6 +664,17 @@ WHERE scope = $1 AND key = $2 AND expires_at > now() AND result IS NULL
   AND (poisoned OR crashes > 0 OR token IS NOT NULL)
 "#;
 
+// $1 scope, $2 key: the row while it has not expired, with the microseconds left on a claim's
+// lease (0 once it ended).
+const INSPECT: &str = "SELECT token IS NOT NULL AS claimed, poisoned, result, generation, crashes, \
+     greatest(0, floor(extract(epoch FROM (coalesce(lease_ends_at, expires_at) - now())) \
+       * 1000000))::bigint AS lease_us \
+     FROM jobguard_keys WHERE scope = $1 AND key = $2 AND expires_at > now()";
+
+// $1 scope, $2 key: the row gone, and whether it had not expired.
+const FORGET: &str =
+    "DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 RETURNING expires_at > now()";
+
 // $1 scope, $2 key, $3 token, $4 lease in µs. The row lives at least as long as the lease.
 const RENEW: &str = r#"
 UPDATE jobguard_keys
@@ -751,6 +775,55 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| store_error("forgive failed", &e))?;
             Ok(done.rows_affected() == 1)
+        })
+    }
+
+    /// One `SELECT` of the row, on the database's clock.
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let row = sqlx::query(INSPECT)
+                .bind(&*scope)
+                .bind(&*stored)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| store_error("inspect failed", &e))?;
+            let Some(row) = row else {
+                return Ok(KeyInfo::free());
+            };
+            let read = |e: sqlx::Error| Error::Corrupt(format!("jobguard_keys row: {e}"));
+            let claimed: bool = row.try_get("claimed").map_err(read)?;
+            let poisoned: bool = row.try_get("poisoned").map_err(read)?;
+            let result: Option<Vec<u8>> = row.try_get("result").map_err(read)?;
+            let generation: i64 = row.try_get("generation").map_err(read)?;
+            let crashes: i32 = row.try_get("crashes").map_err(read)?;
+            let lease_us: i64 = row.try_get("lease_us").map_err(read)?;
+            let generation = u64::try_from(generation).ok().filter(|g| *g > 0);
+            let crashes = u32::try_from(crashes).unwrap_or(0);
+            Ok(if poisoned {
+                KeyInfo::new(KeyState::Poisoned, generation, crashes)
+            } else if claimed {
+                let left = Duration::from_micros(u64::try_from(lease_us).unwrap_or(0));
+                KeyInfo::new(KeyState::Claimed, generation, crashes).lease_left(left)
+            } else if let Some(result) = result {
+                KeyInfo::new(KeyState::Completed, generation, crashes).result(result)
+            } else {
+                KeyInfo::new(KeyState::Free, generation, crashes)
+            })
+        })
+    }
+
+    /// One `DELETE` of the row: `true` when it had not expired.
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let live: Option<(bool,)> = sqlx::query_as(FORGET)
+                .bind(&*scope)
+                .bind(&*stored)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| store_error("forget failed", &e))?;
+            Ok(live.is_some_and(|(live,)| live))
         })
     }
 

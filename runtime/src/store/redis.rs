@@ -147,7 +147,7 @@
 //! [`RedisStore::connect`] asks the server (`CONFIG GET maxmemory*`) and logs a warning, once
 //! per process, when its settings can evict claims; it stays quiet when `CONFIG` is disabled.
 
-use super::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
+use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
 use crate::Error;
 use crate::classify::{Transient, Verdict};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -862,6 +862,54 @@ return {1}
     ))
 });
 
+// KEYS[1]: the record. Reads only, for an operator's console. Returns {0} for no record,
+// {1, result} completed, {2, generation, crashes, ms left on the lease (0 once it ended)} a
+// claim (a version-1 claim: generation and crashes 0, its PTTL), {3, generation, crashes} a
+// released key, {5, generation, crashes} a poisoned one, {4, why} a record this build cannot
+// read.
+static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FIELD}{}",
+        r#"
+local v = redis.pcall('GET', KEYS[1])
+if not v then return {0} end
+if type(v) ~= 'string' then
+  return {4, 'not a jobguard record: ' .. (type(v) == 'table' and v['err'] or 'missing')}
+end
+local version = string.match(v, '^jg(%d+)/')
+if not version then return {4, 'not a jobguard record'} end
+if version ~= '1' and version ~= '2' then
+  return {4, 'record format version ' .. version .. ' (this build reads 1 and 2)'}
+end
+local state = string.sub(v, 5, 5)
+if state == 'd' then
+  local fp, i = field(v, 6)
+  if not fp then return {4, 'a malformed fingerprint'} end
+  return {1, string.sub(v, i)}
+end
+if version == '1' then
+  if state == 'c' then return {2, 0, 0, math.max(redis.call('PTTL', KEYS[1]), 0)} end
+  return {4, 'unknown record state ' .. state .. ' in version 1'}
+end
+if state == 'c' then
+  local token, i = field(v, 6)
+  if not token or token == 'n' then return {4, 'a claim without a token'} end
+  local fp
+  fp, i = field(v, i)
+  if not fp then return {4, 'a malformed fingerprint'} end
+  local g, c, e = string.match(v, '^(%d+):(%d+):(%d+)$', i)
+  if not g then return {4, 'a malformed claim'} end
+  return {2, tonumber(g), tonumber(c), math.max(tonumber(e) - now_ms(), 0)}
+end
+local g, c = string.match(v, '^(%d+):(%d+)', 6)
+if not g then return {4, 'a malformed record'} end
+if state == 'f' then return {3, tonumber(g), tonumber(c)} end
+if state == 'p' or state == 'q' then return {5, tonumber(g), tonumber(c)} end
+return {4, 'unknown record state ' .. state .. ' in version 2'}
+"#
+    ))
+});
+
 // KEYS[1]: the record. A poisoned key whose letter is not confirmed (`jg2/q`) becomes one whose
 // letter is (`jg2/p`), with its expiry; anything else is left alone. Returns 1 when it marked it.
 static LETTERED: LazyLock<Script> = LazyLock::new(|| {
@@ -998,6 +1046,29 @@ impl Store for RedisStore {
         })
     }
 
+    /// One script on the key, which reads it and the server's clock and writes nothing.
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        Box::pin(async move {
+            let reply: Value = self
+                .invoke(&INSPECT.key(Self::redis_key(key)))
+                .await
+                .map_err(|e| store_error("inspect failed", &e))?;
+            decode_inspect(reply)
+        })
+    }
+
+    /// `DEL` of the key's record, whatever its state.
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let removed: u64 = redis::cmd("DEL")
+                .arg(Self::redis_key(key))
+                .query_async(&mut self.connection.clone())
+                .await
+                .map_err(|e| store_error("forget failed", &e))?;
+            Ok(removed > 0)
+        })
+    }
+
     /// One script on the key: a poisoned key whose letter is not confirmed is marked lettered.
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
         Box::pin(async move {
@@ -1007,6 +1078,50 @@ impl Store for RedisStore {
                 .map_err(|e| store_error("lettered failed", &e))?;
             Ok(())
         })
+    }
+}
+
+/// The inspect script's reply (see `INSPECT`).
+fn decode_inspect(reply: Value) -> Result<KeyInfo, Error> {
+    let unexpected = |r: &Value| Error::Store(format!("unexpected reply to inspect: {r:?}"));
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
+    let number = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let history = |g: &Value, c: &Value| {
+        let g = number(g)?;
+        let c = u32::try_from(number(c)?).ok()?;
+        Some((g, c))
+    };
+    match items.as_slice() {
+        [Value::Int(0)] => Ok(KeyInfo::free()),
+        [Value::Int(1), Value::BulkString(result)] => {
+            Ok(KeyInfo::new(KeyState::Completed, None, 0).result(result.clone()))
+        }
+        [Value::Int(1), Value::SimpleString(result)] => {
+            Ok(KeyInfo::new(KeyState::Completed, None, 0).result(result.clone().into_bytes()))
+        }
+        [Value::Int(2), g, c, left] => {
+            let ((g, c), left) = history(g, c)
+                .zip(number(left))
+                .ok_or_else(|| unexpected(&reply))?;
+            let generation = (g > 0).then_some(g);
+            Ok(KeyInfo::new(KeyState::Claimed, generation, c)
+                .lease_left(Duration::from_millis(left)))
+        }
+        [Value::Int(3), g, c] => {
+            let (g, c) = history(g, c).ok_or_else(|| unexpected(&reply))?;
+            Ok(KeyInfo::new(KeyState::Free, Some(g), c))
+        }
+        [Value::Int(5), g, c] => {
+            let (g, c) = history(g, c).ok_or_else(|| unexpected(&reply))?;
+            Ok(KeyInfo::new(KeyState::Poisoned, Some(g), c))
+        }
+        [Value::Int(4), why] => Err(corrupt(why)),
+        _ => Err(unexpected(&reply)),
     }
 }
 
