@@ -5,8 +5,8 @@
 //! ```text
 //! nats-server -js
 //! redis-server --port 6379
-//! cargo run --example nats_worker -- --redis redis://127.0.0.1:6379/ [--nats URL] [--concurrency N]
-//! cargo run --example nats_worker -- --redis redis://127.0.0.1:6379/ publish order-A idem-1 100
+//! cargo run --example nats_worker --features brokers -- --redis redis://127.0.0.1:6379/ [--nats URL] [--concurrency N]
+//! cargo run --example nats_worker --features brokers -- --redis redis://127.0.0.1:6379/ publish order-A idem-1 100
 //! ```
 //!
 //! The stream `payments` keeps the subject `payments.charge` as a work queue (a message leaves

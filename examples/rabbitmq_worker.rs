@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! redis-server --port 6379
-//! cargo run --example rabbitmq_worker -- --redis redis://127.0.0.1:6379/ [--amqp URL] [--concurrency N]
-//! cargo run --example rabbitmq_worker -- --redis redis://127.0.0.1:6379/ publish order-A idem-1 100
+//! cargo run --example rabbitmq_worker --features brokers -- --redis redis://127.0.0.1:6379/ [--amqp URL] [--concurrency N]
+//! cargo run --example rabbitmq_worker --features brokers -- --redis redis://127.0.0.1:6379/ publish order-A idem-1 100
 //! ```
 //!
 //! The queue `payments.charge` is a quorum queue with `x-delivery-limit: 4`: RabbitMQ counts each
