@@ -45,7 +45,7 @@
 //!
 //! # What a call costs
 //!
-//! A call looks up the runtime in scope once, when it starts, and decides from it whether anyone
+//! A call looks up the runtime in scope when it starts, and decides from it whether anyone
 //! watches (an observer, a `tracing` subscriber, the `metrics` feature): a call nobody watches
 //! builds no event. The success path allocates nothing, takes no lock and reads no clock. A
 //! failure is recorded in the call's trail (one `String` per error, the last
