@@ -24,6 +24,7 @@
 #![allow(dead_code)]
 
 pub mod apalis_postgres;
+pub mod crash;
 pub mod nats;
 pub mod rabbitmq;
 

@@ -2,11 +2,13 @@
 //! consumer, the jobs published to it, and the worker's consumer loop, as
 //! `examples/nats_worker.rs` runs it.
 
-use super::{Job, Outcome, Setup};
+use super::crash::TestQueue;
+use super::{Job, Kind, Outcome, Setup};
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self, AckKind, Context};
 use futures::StreamExt;
+use jobguard_testkit::broker::Broker;
 use std::future::Future;
 use std::time::Duration;
 
@@ -23,7 +25,7 @@ fn subject(name: &str) -> String {
 }
 
 /// The stream `setup.name` (work-queue retention) and its durable pull consumer of the same name
-/// with `max_deliver` `setup.limit`. Deleted by [`delete`](Self::delete), or when dropped
+/// with `max_deliver` `setup.limit`. Deleted by [`delete`](TestQueue::delete), or when dropped
 /// (a test that failed).
 pub struct Stream {
     js: Context,
@@ -32,9 +34,17 @@ pub struct Stream {
     deleted: bool,
 }
 
-impl Stream {
+impl TestQueue for Stream {
+    const BROKER: Broker = Broker::Nats;
+    const KIND: Kind = Kind::Nats;
+
+    /// `max_deliver` counts every delivery.
+    fn limit(deliveries: u32) -> u32 {
+        deliveries
+    }
+
     /// Creates the stream and its consumer.
-    pub async fn create(setup: &Setup) -> Stream {
+    async fn create(setup: &Setup) -> Stream {
         let js = connect(&setup.url).await;
         let stream = js
             .create_stream(stream::Config {
@@ -64,7 +74,7 @@ impl Stream {
     }
 
     /// Publishes each job and waits for the stream to store it.
-    pub async fn publish(&self, jobs: &[Job]) {
+    async fn publish(&self, jobs: &[Job]) {
         for job in jobs {
             self.js
                 .publish(subject(&self.name), serde_json::to_vec(job).unwrap().into())
@@ -77,7 +87,7 @@ impl Stream {
 
     /// Messages in the stream (a work queue drops a message once it is acknowledged or
     /// terminated), and those its consumer has yet to deliver.
-    pub async fn left(&self) -> (u64, u64) {
+    async fn left(&self) -> (u64, u64) {
         let mut stream = self.js.get_stream(&self.name).await.expect("the stream");
         let messages = stream.info().await.expect("stream info").state.messages;
         let mut consumer: PullConsumer =
@@ -87,7 +97,7 @@ impl Stream {
     }
 
     /// Deletes the stream, and its consumer with it.
-    pub async fn delete(mut self) {
+    async fn delete(mut self) {
         self.js
             .delete_stream(&self.name)
             .await

@@ -1,8 +1,10 @@
 //! The RabbitMQ side: a quorum queue of the test's own (with its parked queue), the jobs
 //! published to it, and the worker's consumer loop, as `examples/rabbitmq_worker.rs` runs it.
 
-use super::{Job, Outcome, Setup};
+use super::crash::TestQueue;
+use super::{Job, Kind, Outcome, Setup};
 use futures::StreamExt;
+use jobguard_testkit::broker::Broker;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, BasicRejectOptions,
     QueueDeclareOptions, QueueDeleteOptions,
@@ -27,9 +29,17 @@ pub struct Queue {
     name: String,
 }
 
-impl Queue {
+impl TestQueue for Queue {
+    const BROKER: Broker = Broker::RabbitMq;
+    const KIND: Kind = Kind::RabbitMq;
+
+    /// `x-delivery-limit` counts the deliveries after the first.
+    fn limit(deliveries: u32) -> u32 {
+        deliveries - 1
+    }
+
     /// Declares the queues.
-    pub async fn declare(setup: &Setup) -> Queue {
+    async fn create(setup: &Setup) -> Queue {
         let connection = connect(&setup.url).await;
         let channel = connection.create_channel().await.expect("a channel");
         let durable = QueueDeclareOptions {
@@ -71,7 +81,7 @@ impl Queue {
     }
 
     /// Publishes each job, persistent and confirmed.
-    pub async fn publish(&self, jobs: &[Job]) {
+    async fn publish(&self, jobs: &[Job]) {
         for job in jobs {
             self.channel
                 .basic_publish(
@@ -89,12 +99,25 @@ impl Queue {
     }
 
     /// Ready messages in the queue and in its parked queue.
-    pub async fn ready(&self) -> (u32, u32) {
+    async fn left(&self) -> (u64, u64) {
         let parked = format!("{}.parked", self.name);
         (self.count(&self.name).await, self.count(&parked).await)
     }
 
-    async fn count(&self, queue: &str) -> u32 {
+    /// Deletes both queues.
+    async fn delete(self) {
+        for queue in [self.name.clone(), format!("{}.parked", self.name)] {
+            self.channel
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete {queue}: {e}"));
+        }
+        let _ = self.connection.close(200, "done".into()).await;
+    }
+}
+
+impl Queue {
+    async fn count(&self, queue: &str) -> u64 {
         self.channel
             .queue_declare(
                 queue.into(),
@@ -107,17 +130,7 @@ impl Queue {
             .await
             .expect("passive declare")
             .message_count()
-    }
-
-    /// Deletes both queues.
-    pub async fn delete(self) {
-        for queue in [self.name.clone(), format!("{}.parked", self.name)] {
-            self.channel
-                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-                .await
-                .unwrap_or_else(|e| panic!("delete {queue}: {e}"));
-        }
-        let _ = self.connection.close(200, "done".into()).await;
+            .into()
     }
 }
 
