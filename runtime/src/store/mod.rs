@@ -40,6 +40,16 @@
 //!
 //! A fingerprint (a digest of the arguments) is kept with a claim and a completed record: a
 //! claim with another one finds [`Claimed::KeyReused`].
+//!
+//! # Durable steps
+//!
+//! A job's steps ([`crate::step()`]) live in its record: recorded by the claim's holder alone
+//! ([`Store::record_step`], a compare-and-set on the token like `complete`), kept through a
+//! release and a takeover, returned with the next acquired claim
+//! ([`Store::claim_with_steps`], or read with [`Store::steps`]), and dropped when the job
+//! completes, is forgiven or forgotten, or its history expires. The three methods have
+//! defaults: a store that leaves them keeps no steps, and a step inside a job on it fails
+//! with [`Error::Config`](crate::Error::Config) before it runs.
 
 use std::future::Future;
 use std::pin::Pin;
