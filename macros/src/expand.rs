@@ -15,6 +15,7 @@ use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
 pub(crate) enum Kind {
     Retry,
     Idempotent,
+    Step,
 }
 
 impl Kind {
@@ -22,6 +23,7 @@ impl Kind {
         match self {
             Kind::Retry => "retry",
             Kind::Idempotent => "idempotent",
+            Kind::Step => "step",
         }
     }
 }
@@ -30,6 +32,9 @@ impl Kind {
 /// On any error the function is emitted unchanged beside every error found, so one mistake does
 /// not cascade.
 pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    if kind == Kind::Step {
+        return step(args, item);
+    }
     if is_expanded_marker(&args) {
         // Re-emitted by its sibling, which expanded both: nothing left to do.
         return item;
@@ -64,6 +69,7 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
     match kind {
         Kind::Retry => retry = Some(args::retry(args, &mut errors)),
         Kind::Idempotent => idempotent = Some(args::idempotent(args, &mut errors)),
+        Kind::Step => unreachable!("expanded by `step`"),
     }
     let mut taken = None;
     let mut kept = Vec::with_capacity(func.attrs.len());
@@ -94,7 +100,8 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
                 idempotent = Some(args::idempotent(attr_args(&attr, &mut errors), &mut errors));
                 taken = Some(attr.path().clone());
             }
-            None => kept.push(attr),
+            // A `#[step]` beside is the step's own misuse, reported when it expands.
+            Some(Kind::Step) | None => kept.push(attr),
         }
     }
     func.attrs = kept;
@@ -126,7 +133,7 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
 /// `#[retry]` below it, the two are written back in the other order, so that `#[retry]`
 /// expands first and the step wraps the retry loop: its attempts are one occurrence of the
 /// step, and only the final `Ok` is recorded.
-pub(crate) fn step(args: TokenStream, item: TokenStream) -> TokenStream {
+fn step(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut errors = Errors::default();
     let mut func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,

@@ -35,7 +35,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// every later run of that job. Documented on `jobguard::step`.
 #[proc_macro_attribute]
 pub fn step(args: TokenStream, item: TokenStream) -> TokenStream {
-    expand::step(args.into(), item.into()).into()
+    expand::attribute(expand::Kind::Step, args.into(), item.into()).into()
 }
 
 /// Derives `jobguard::Transient` for an error enum. Documented on `jobguard::Transient`.
