@@ -14,7 +14,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use jobguard::{MemoryStore, RedisStore, Runtime};
-use jobguard_testkit::redis::RedisServer;
+use jobguard_testkit::redis::{RedisServer, script_calls};
 use redis::aio::ConnectionManager;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +74,25 @@ async fn time(runtime: &Runtime, iters: u64, calls: Calls, replayed: bool) -> Du
     start.elapsed()
 }
 
+/// The three jobs of the comparison under `runtime`, as the criterion group `name`.
+fn group(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, runtime: &Runtime) {
+    let mut group = c.benchmark_group(name);
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
+    for (name, calls, replayed) in [
+        ("job, 10 bare calls", Calls::Bare, false),
+        ("job, 10 steps recorded", Calls::Steps, false),
+        ("job, 10 steps replayed", Calls::Steps, true),
+    ] {
+        group.bench_function(name, |b| {
+            b.to_async(rt)
+                .iter_custom(|iters| time(runtime, iters, calls, replayed))
+        });
+    }
+    group.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -82,18 +101,7 @@ fn bench(c: &mut Criterion) {
     let memory = Runtime::builder()
         .store(MemoryStore::builder().min_retention(Duration::ZERO).build())
         .build();
-    let mut group = c.benchmark_group("steps/memory");
-    for (name, calls, replayed) in [
-        ("job, 10 bare calls", Calls::Bare, false),
-        ("job, 10 steps recorded", Calls::Steps, false),
-        ("job, 10 steps replayed", Calls::Steps, true),
-    ] {
-        group.bench_function(name, |b| {
-            b.to_async(&rt)
-                .iter_custom(|iters| time(&memory, iters, calls, replayed))
-        });
-    }
-    group.finish();
+    group(c, &rt, "steps/memory", &memory);
 
     let Some(server) = RedisServer::start() else {
         return;
@@ -106,21 +114,7 @@ fn bench(c: &mut Criterion) {
             .unwrap();
         (Runtime::builder().store(store).build(), counter)
     });
-    let mut group = c.benchmark_group("steps/redis");
-    group
-        .sample_size(20)
-        .measurement_time(Duration::from_secs(5));
-    for (name, calls, replayed) in [
-        ("job, 10 bare calls", Calls::Bare, false),
-        ("job, 10 steps recorded", Calls::Steps, false),
-        ("job, 10 steps replayed", Calls::Steps, true),
-    ] {
-        group.bench_function(name, |b| {
-            b.to_async(&rt)
-                .iter_custom(|iters| time(&redis, iters, calls, replayed))
-        });
-    }
-    group.finish();
+    group(c, &rt, "steps/redis", &redis);
 
     // Round trips of one job of each kind.
     rt.block_on(async {
@@ -135,32 +129,12 @@ fn bench(c: &mut Criterion) {
             if replayed {
                 let _ = redis.scope(job(key, Calls::Steps, true)).await;
             }
-            let before = scripts(&mut counter).await;
+            let before = script_calls(&mut counter).await;
             redis.scope(job(key, calls, false)).await.unwrap();
-            let trips = scripts(&mut counter).await - before;
+            let trips = script_calls(&mut counter).await - before;
             println!("| {name} | {trips} |");
         }
     });
-}
-
-/// Script calls the server has run: each is one round trip of the store.
-async fn scripts(redis: &mut ConnectionManager) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(redis)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 criterion_group!(benches, bench);

@@ -4,28 +4,8 @@
 //! its first new step.
 
 use jobguard::{RedisStore, Runtime};
-use jobguard_testkit::redis::RedisServer;
+use jobguard_testkit::redis::{RedisServer, script_calls};
 use redis::aio::ConnectionManager;
-
-/// Script calls the server has run: each is one round trip of the store.
-async fn scripts(redis: &mut ConnectionManager) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(redis)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 #[jobguard::step]
 async fn effect(n: u32) -> Result<u32, jobguard::Error> {
@@ -48,7 +28,7 @@ async fn job(
     if let Some(redis) = more {
         let mut redis = redis.clone();
         seen = jobguard::step("new", async move {
-            Ok::<_, jobguard::Error>(scripts(&mut redis).await)
+            Ok::<_, jobguard::Error>(script_calls(&mut redis).await)
         })
         .await
         .map(Some)?;
@@ -76,16 +56,16 @@ async fn one_round_trip_to_record_none_to_replay_and_one_claim_to_resume() {
     runtime.scope(job("warm", 1, None, false)).await.unwrap();
 
     // A first run records k = 5 steps and fails: a claim, 5 records, a release.
-    let before = scripts(&mut redis).await;
+    let before = script_calls(&mut redis).await;
     runtime
         .scope(job("order", 5, None, true))
         .await
         .unwrap_err();
-    assert_eq!(scripts(&mut redis).await - before, 1 + 5 + 1);
+    assert_eq!(script_calls(&mut redis).await - before, 1 + 5 + 1);
 
     // The next run replays the 5 steps: its claim is the one round trip before its first new
     // step; then that step's record and the completion.
-    let before = scripts(&mut redis).await;
+    let before = script_calls(&mut redis).await;
     let seen = runtime
         .scope(job("order", 5, Some(&redis), false))
         .await
@@ -96,5 +76,5 @@ async fn one_round_trip_to_record_none_to_replay_and_one_claim_to_resume() {
         1,
         "the claim, and no round trip for the 5 replays"
     );
-    assert_eq!(scripts(&mut redis).await - before, 1 + 1 + 1);
+    assert_eq!(script_calls(&mut redis).await - before, 1 + 1 + 1);
 }
