@@ -103,6 +103,10 @@ pub fn describe() {
     );
     describe_counter!(REPLAYS, "Idempotent calls answered from a stored result.");
     describe_counter!(
+        STEPS_REPLAYED,
+        "Durable steps answered from a value an earlier run of their job recorded."
+    );
+    describe_counter!(
         IN_PROGRESS,
         "Idempotent calls that found their key held by another worker."
     );
