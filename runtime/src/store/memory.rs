@@ -33,12 +33,12 @@
 //!
 //! # How it counts bytes
 //!
-//! A record counts 188 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
+//! A record counts 196 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
 //! and payload (the claim's token while claimed, the result once completed, nothing otherwise):
-//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 278 bytes once
-//! completed, and the default bound holds about a million of them. The 188 bytes are:
+//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 286 bytes once
+//! completed, and the default bound holds about a million of them. The 196 bytes are:
 //!
-//! - 88 for the record's fixed part, which the table holds boxed;
+//! - 96 for the record's fixed part, which the table holds boxed;
 //! - 32 for the allocator's header and rounding on the record's two allocations;
 //! - 36 for its slot in the table (an 8-byte pointer and a control byte), four times over: a
 //!   hash table keeps slots empty, and hashbrown's settles, as records come and go, at between
@@ -47,8 +47,9 @@
 //!   order may hold a stale entry for a while.
 //!
 //! A job's durable steps ([`Store::record_step`]) are kept in its record while it is claimed or
-//! released, and dropped when it completes: each counts 88 bytes (its place in the record and
-//! two allocations) plus the lengths of its name and value.
+//! released, and dropped when it completes: each counts 88 bytes (its place in the record's list,
+//! and the allocator's header on its name's and its value's allocations) plus the lengths of its
+//! name and value; the list's spare room is not counted.
 //!
 //! An estimate, checked against the allocator's own figures by `tests/memory_store_bound.rs`: the
 //! store's memory may be a few percent over it when a table sits at the top of that range. Not
@@ -776,7 +777,7 @@ impl Shard {
             if options.crashes > 0 && crashes >= options.crashes {
                 self.refile(op, |r| {
                     r.set_payload(&[]);
-                    r.steps = Box::default();
+                    r.steps = Vec::new();
                     r.state = State::Poisoned {
                         letter_until: lease_end,
                     };
@@ -801,7 +802,7 @@ impl Shard {
             *r = Record {
                 generation,
                 crashes,
-                steps: if live { steps } else { Box::default() },
+                steps: if live { steps } else { Vec::new() },
                 ..fresh
             }
         });
@@ -825,7 +826,7 @@ impl Shard {
         let expires = op.now.saturating_add(nanos(ttl));
         self.refile(op, |r| {
             r.set_payload(result);
-            r.steps = Box::default();
+            r.steps = Vec::new();
             (r.state, r.expires) = (State::Completed, expires);
         });
         // The result is kept whatever the room; older records make room for it if they can. A
@@ -876,7 +877,7 @@ impl Shard {
             State::Poisoned { .. } | State::Claimed { .. } => {
                 self.refile(op, |r| {
                     r.crashes = 0;
-                    r.steps = Box::default();
+                    r.steps = Vec::new();
                     r.free();
                 });
                 true
@@ -898,13 +899,14 @@ impl Shard {
             .filter(|r| r.held_by(token, op.now))
             .ok_or(Error::LeaseLost)?;
         let before = record.bytes();
-        let mut steps = std::mem::take(&mut record.steps).into_vec();
-        let same = |s: &StepRecord| s.name == step.name && s.occurrence == step.occurrence;
-        match steps.iter_mut().find(|s| same(s)) {
+        // A step recorded again is most often the last one recorded.
+        let same = |s: &StepRecord| s.occurrence == step.occurrence && s.name == step.name;
+        match record.steps.iter_mut().rev().find(|s| same(s)) {
             Some(kept) => kept.value = value.to_vec(),
-            None => steps.push(StepRecord::new(step.name, step.occurrence, value.to_vec())),
+            None => {
+                (record.steps).push(StepRecord::new(step.name, step.occurrence, value.to_vec()))
+            }
         }
-        record.steps = steps.into_boxed_slice();
         self.bytes = self.bytes - before + record.bytes();
         let limits = Limits {
             min_retention: op.limits.min_retention.max(1),
@@ -922,7 +924,7 @@ impl Shard {
                 if r.expires > op.now
                     && matches!(r.state, State::Claimed { .. } | State::Released) =>
             {
-                r.steps.to_vec()
+                r.steps.clone()
             }
             _ => Vec::new(),
         }
@@ -1293,7 +1295,7 @@ struct Record {
     stamp: u64,
     state: State,
     /// The steps its job recorded ([`Store::record_step`]), while claimed or released.
-    steps: Box<[StepRecord]>,
+    steps: Vec<StepRecord>,
 }
 
 /// [`Record::fp_len`] of a record claimed without a fingerprint.
@@ -1332,7 +1334,7 @@ impl Record {
             expires: keep.max(lease_end),
             stamp: 0,
             state: State::Claimed { lease_end },
-            steps: Box::default(),
+            steps: Vec::new(),
         })
     }
 

@@ -62,13 +62,13 @@ fn entries(s: &MemoryStore) -> (usize, usize, usize, usize) {
 #[test]
 fn a_record_counts_its_overhead_and_its_bytes() {
     // The figures the module docs give.
-    assert_eq!(size_of::<Record>(), 88);
-    assert_eq!(RECORD_OVERHEAD, 188);
+    assert_eq!(size_of::<Record>(), 96);
+    assert_eq!(RECORD_OVERHEAD, 196);
     let s = MemoryStore::new();
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     // "s" + "k" + "fp" + "token"
-    assert_eq!(s.stats().bytes, 188 + 1 + 1 + 2 + 5);
+    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 5);
 }
 
 #[tokio::test]
@@ -77,7 +77,7 @@ async fn the_bytes_follow_the_payload() {
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     s.complete(K, "token", b"result!", LEASE).await.unwrap();
-    assert_eq!(s.stats().bytes, 188 + 1 + 1 + 2 + 7);
+    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 7);
     let other = StoreKey {
         scope: "s",
         key: "other",
@@ -85,7 +85,7 @@ async fn the_bytes_follow_the_payload() {
     assert_eq!(claim(&s, other, "t"), Claim::Acquired);
     s.release(other, "t").await.unwrap();
     // A released key's history: no payload.
-    assert_eq!(s.stats().bytes, (188 + 11) + (188 + 6));
+    assert_eq!(s.stats().bytes, (196 + 11) + (196 + 6));
 }
 
 #[tokio::test(start_paused = true)]
