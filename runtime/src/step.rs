@@ -351,7 +351,11 @@ impl Journal {
         }
         let mut book = self.book();
         if let Some(recorded) = &mut book.recorded {
-            (recorded.entry(step.name.to_owned()).or_default()).insert(step.occurrence, bytes);
+            match recorded.get_mut(step.name) {
+                Some(values) => values.insert(step.occurrence, bytes),
+                None => (recorded.entry(step.name.to_owned()).or_default())
+                    .insert(step.occurrence, bytes),
+            };
         }
         drop(book);
         self.runtime.emit(&Event::StepRecorded {

@@ -898,16 +898,19 @@ impl Shard {
         let record = (self.records.find_mut(op.hash, op.key))
             .filter(|r| r.held_by(token, op.now))
             .ok_or(Error::LeaseLost)?;
-        let before = record.bytes();
         // A step recorded again is most often the last one recorded.
         let same = |s: &StepRecord| s.occurrence == step.occurrence && s.name == step.name;
         match record.steps.iter_mut().rev().find(|s| same(s)) {
-            Some(kept) => kept.value = value.to_vec(),
+            Some(kept) => {
+                self.bytes = self.bytes - kept.value.len() + value.len();
+                kept.value = value.to_vec();
+            }
             None => {
-                (record.steps).push(StepRecord::new(step.name, step.occurrence, value.to_vec()))
+                self.bytes += STEP_OVERHEAD + step.name.len() + value.len();
+                let new = StepRecord::new(step.name, step.occurrence, value.to_vec());
+                record.steps.push(new);
             }
         }
-        self.bytes = self.bytes - before + record.bytes();
         let limits = Limits {
             min_retention: op.limits.min_retention.max(1),
             ..op.limits

@@ -88,6 +88,32 @@ async fn the_bytes_follow_the_payload() {
     assert_eq!(s.stats().bytes, (196 + 11) + (196 + 6));
 }
 
+#[tokio::test]
+async fn a_jobs_steps_count_their_bytes_until_it_completes() {
+    let s = MemoryStore::new();
+    assert_eq!(claim(&s, K, "token"), Claim::Acquired);
+    let claimed = 196 + 1 + 1 + 5;
+    assert_eq!(STEP_OVERHEAD, 88);
+    let step = StepKey {
+        name: "capture",
+        occurrence: 1,
+    };
+    s.record_step(K, "token", step, b"12345").await.unwrap();
+    assert_eq!(s.stats().bytes, claimed + 88 + 7 + 5);
+    // Recorded again: the new value's bytes in place of the old one's.
+    s.record_step(K, "token", step, b"1").await.unwrap();
+    assert_eq!(s.stats().bytes, claimed + 88 + 7 + 1);
+    s.release(K, "token").await.unwrap();
+    assert_eq!(
+        s.stats().bytes,
+        196 + 2 + 88 + 7 + 1,
+        "kept with the released history"
+    );
+    assert_eq!(claim(&s, K, "again"), Claim::Acquired);
+    s.complete(K, "again", b"done", LEASE).await.unwrap();
+    assert_eq!(s.stats().bytes, 196 + 2 + 4, "gone with the completion");
+}
+
 #[tokio::test(start_paused = true)]
 async fn lease_lapses_and_a_stale_token_cannot_touch_the_successor() {
     let s = MemoryStore::new();
