@@ -69,6 +69,10 @@
 //! - **The attributes** (feature `macros`, on by default): `#[retry]` and `#[idempotent]` on an
 //!   `async fn` returning `Result`, and `#[derive(Transient)]` for the error's [`Verdict`]s
 //!   ([`Transient`], [`http_verdict`] for HTTP statuses). Their own docs list every argument.
+//! - **Durable steps**: `#[step]` (or [`step()`]) on each effect of a job with several: inside an
+//!   `#[idempotent]` job its `Ok` value is recorded under the job's key, and every later run of
+//!   the job (a retry, a redelivery, a redrive) replays it and resumes at the first step not yet
+//!   recorded; see the [`step`](mod@step) module.
 //! - **Without a macro**: [`Policy::run`] is the retry loop over an `async` closure, and
 //!   [`Idempotent`] the claim around a future.
 //! - **Stores**, where claims and results live: [`MemoryStore`] (the embedded default),
