@@ -59,17 +59,17 @@
 //! * The name is the step's identity: keep it while the step's meaning stays, and version it
 //!   (`name = "capture.v2"`) when a change makes an old recorded value wrong to replay. A value
 //!   that no longer reads back as the step's type fails the step with
-//!   [`Error::Corrupt`](crate::Error::Corrupt), naming the job's key and the step, and the
+//!   [`Error::Corrupt`], naming the job's key and the step, and the
 //!   step does not run (fail closed).
 //! * A step is recorded only while the job's claim holds: a worker whose lease was taken over
 //!   (a paused process that wakes after another worker finished its job) has its write refused
-//!   with [`Error::LeaseLost`](crate::Error::LeaseLost), and records nothing.
+//!   with [`Error::LeaseLost`], and records nothing.
 //!   [`fence()`](crate::fence) gives the claim's generation inside a step, for the downstream.
 //! * `#[retry]` on a step retries that step alone, inside the step: its attempts are one
 //!   occurrence, and its final `Ok` is what is recorded.
 //! * Steps share their job's record: its TTL, and its end. A completed job replays its result
-//!   and never reads its steps (the store drops them); [`Store::forget`](crate::Store::forget)
-//!   and [`Store::forgive`](crate::Store::forgive) drop them too, so a job forgiven after its
+//!   and never reads its steps (the store drops them); [`Store::forget`]
+//!   and [`Store::forgive`] drop them too, so a job forgiven after its
 //!   worker crashed runs its steps again.
 //! * Outside a job (no `#[idempotent]` claim in scope, or a task the job spawned), a step just
 //!   runs and records nothing. Inside `#[idempotent(transaction = tx)]`, the transaction is what
@@ -97,7 +97,7 @@ tokio::task_local! {
 /// `#[idempotent]` job, a value recorded for this step by an earlier run of the job is returned
 /// without running `work`; otherwise `work` runs, and its `Ok` value is recorded. Outside a job,
 /// `work` runs and nothing is recorded. What `#[jobguard::step]` expands to; see the [module
-/// docs](crate::step) for the rules.
+/// docs](mod@crate::step) for the rules.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -119,9 +119,9 @@ tokio::task_local! {
 ///
 /// Errors of its own, in `E` (which needs `From<jobguard::Error>`), and the step does not run:
 /// a `name` that is empty or longer than [`MAX_STEP_NAME`] bytes
-/// ([`Error::Config`](crate::Error::Config)); a recorded value that does not decode
-/// ([`Error::Corrupt`](crate::Error::Corrupt)); a store that keeps no steps, or cannot be
-/// reached to read them. After the step ran: [`Error::LeaseLost`](crate::Error::LeaseLost)
+/// ([`Error::Config`]); a recorded value that does not decode
+/// ([`Error::Corrupt`]); a store that keeps no steps, or cannot be
+/// reached to read them. After the step ran: [`Error::LeaseLost`]
 /// when the job's claim was taken over, and its value is not recorded.
 pub fn step<T, E, F>(name: &str, work: F) -> impl Future<Output = Result<T, E>>
 where
