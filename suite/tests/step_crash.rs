@@ -6,7 +6,7 @@ mod steps;
 
 use jobguard_testkit::redis::RedisServer;
 use std::time::Duration;
-use steps::{Order, Point, Workers, connect, count, list, until_count};
+use steps::{Order, Point, Workers, connect, count, list, until_count, until_len};
 
 /// The worker role: runs only when the test below starts this binary as a worker.
 #[test]
@@ -37,34 +37,41 @@ async fn a_worker_killed_after_the_reservation_is_resumed_at_the_receipt() {
         .await;
     workers.kill(killed);
     until_count(&mut redis, "receipts", id, 1, Duration::from_secs(30)).await;
+    until_len(&mut redis, "runs", id, 3, Duration::from_secs(30)).await;
+    until_len(&mut redis, "replays", id, 2, Duration::from_secs(30)).await;
 
     assert_eq!(count(&mut redis, "captured", id).await, 1);
     assert_eq!(count(&mut redis, "reserve_requests", id).await, 1);
     assert_eq!(count(&mut redis, "receipts", id).await, 1);
-    let runs = list(&mut redis, "runs", id).await;
-    let replays = list(&mut redis, "replays", id).await;
+    // The notes, `pid step`, are written by tasks the observer spawns: in any order.
+    let notes = async |redis: &mut _, name| {
+        let mut notes: Vec<(String, String)> = (list(redis, name, id).await.iter())
+            .map(|note| {
+                let (pid, step) = note.split_once(' ').expect("pid step");
+                (step.to_owned(), pid.to_owned())
+            })
+            .collect();
+        notes.sort();
+        notes
+    };
     // The killed worker ran capture and reserve; another process replayed them and ran the
     // receipt.
     let killed = killed.to_string();
-    let step = |note: &String| note.split(' ').nth(1).unwrap_or_default().to_owned();
-    let by = |note: &String| note.split(' ').next().unwrap_or_default().to_owned();
+    let runs = notes(&mut redis, "runs").await;
+    let steps: Vec<&str> = runs.iter().map(|(step, _)| step.as_str()).collect();
+    assert_eq!(steps, ["capture.v1", "receipt.v1", "reserve.v1"]);
+    let resumed = runs[1].1.clone();
+    assert_ne!(resumed, killed, "the receipt ran on another worker process");
     assert_eq!(
-        runs.iter().map(step).collect::<Vec<_>>(),
-        ["capture.v1", "reserve.v1", "receipt.v1"]
+        (runs[0].1.as_str(), runs[2].1.as_str()),
+        (&*killed, &*killed)
     );
-    assert_eq!(by(&runs[0]), killed);
-    assert_eq!(by(&runs[1]), killed);
-    assert_ne!(
-        by(&runs[2]),
-        killed,
-        "the receipt ran on another worker process"
-    );
+    let replays = notes(&mut redis, "replays").await;
     assert_eq!(
-        replays.iter().map(step).collect::<Vec<_>>(),
-        ["capture.v1", "reserve.v1"]
-    );
-    assert!(
-        replays.iter().all(|note| by(note) == by(&runs[2])),
-        "{replays:?}"
+        replays,
+        [
+            ("capture.v1".to_owned(), resumed.clone()),
+            ("reserve.v1".to_owned(), resumed)
+        ]
     );
 }

@@ -8,7 +8,7 @@ use jobguard::{GiveUp, RedisDeadLetters};
 use jobguard_testkit::redis::RedisServer;
 use redis::AsyncCommands;
 use std::time::{Duration, Instant};
-use steps::{Order, Point, Workers, connect, count, list};
+use steps::{Order, Point, Workers, connect, count, list, until_len};
 
 /// The worker role: runs only when the test below starts this binary as a worker.
 #[test]
@@ -65,6 +65,7 @@ async fn a_redrive_after_the_fix_resumes_at_the_receipt() {
         .await;
     assert!(matches!(redriven, Ok(true)), "{redriven:?}");
     assert!(letters.is_empty().await.unwrap(), "the letter is removed");
+    until_len(&mut redis, "replays", id, 2, Duration::from_secs(30)).await;
 
     assert_eq!(
         count(&mut redis, "captured", id).await,
@@ -73,7 +74,8 @@ async fn a_redrive_after_the_fix_resumes_at_the_receipt() {
     );
     assert_eq!(count(&mut redis, "reserve_requests", id).await, 1);
     assert_eq!(count(&mut redis, "receipts", id).await, 1);
-    let replays = list(&mut redis, "replays", id).await;
+    let mut replays = list(&mut redis, "replays", id).await;
+    replays.sort(); // written by tasks the observer spawns: in any order
     let pid = std::process::id().to_string();
     assert_eq!(
         replays,

@@ -112,6 +112,25 @@ pub async fn until_count(
     }
 }
 
+/// Polls until the list `{name}:{id}` holds `n` notes, for `limit` at most: the notes are
+/// written by tasks the observer spawns, after the step's effect.
+pub async fn until_len(
+    redis: &mut ConnectionManager,
+    name: &str,
+    id: u32,
+    n: usize,
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    while list(redis, name, id).await.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{name}:{id} never held {n} notes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Worker processes of one test, killed when dropped.
 pub struct Workers {
     url: String,
