@@ -152,6 +152,13 @@ pub(crate) struct IdempotentArgs {
     pub key_misspelled: bool,
 }
 
+/// `#[step(...)]`.
+#[derive(Default)]
+pub(crate) struct StepArgs {
+    pub name: Option<LitStr>,
+    pub krate: Option<Path>,
+}
+
 /// Stores `value` in `slot`, or reports the key given twice.
 fn once<T>(slot: &mut Option<T>, key: &str, span: Span, value: Option<T>, errors: &mut Errors) {
     if slot.is_some() {
@@ -321,6 +328,12 @@ pub(crate) const IDEMPOTENT: &[Key<IdempotentArgs>] = &[
     key!("crate" => krate, |_, e, errors| crate_path(e, errors)),
 ];
 
+/// `#[step(...)]`'s arguments.
+pub(crate) const STEP: &[Key<StepArgs>] = &[
+    key!("name" => name, |_, e, errors| step_name(e, errors)),
+    key!("crate" => krate, |_, e, errors| crate_path(e, errors)),
+];
+
 /// The names of `keys`, for messages.
 pub(crate) fn names<A>(keys: &[Key<A>]) -> Vec<&'static str> {
     keys.iter().map(|k| k.name).collect()
@@ -329,6 +342,11 @@ pub(crate) fn names<A>(keys: &[Key<A>]) -> Vec<&'static str> {
 /// Parses `#[retry(...)]`'s arguments.
 pub(crate) fn retry(tokens: TokenStream, errors: &mut Errors) -> RetryArgs {
     parse(tokens, "retry", RETRY, errors).0
+}
+
+/// Parses `#[step(...)]`'s arguments.
+pub(crate) fn step(tokens: TokenStream, errors: &mut Errors) -> StepArgs {
+    parse(tokens, "step", STEP, errors).0
 }
 
 /// Parses `#[idempotent(...)]`'s arguments.
@@ -540,6 +558,41 @@ fn name(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
             errors.at(
                 other.span(),
                 "`name` takes a string literal, such as `name = \"payments.charge\"`",
+            );
+            None
+        }
+    }
+}
+
+/// The longest step name the stores keep, in bytes (`jobguard::store::MAX_STEP_NAME`).
+const MAX_STEP_NAME: usize = 200;
+
+/// `#[step(name = "...")]`: the step's stored name, a string literal of 1 to
+/// [`MAX_STEP_NAME`] bytes.
+fn step_name(expr: Expr, errors: &mut Errors) -> Option<LitStr> {
+    const HELP: &str = "a step's name is how its recorded value is found again, so it is \
+        fixed when the code is written: such as `name = \"capture.v1\"`";
+    match expr {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => {
+            let len = s.value().len();
+            if len == 0 || len > MAX_STEP_NAME {
+                errors.at(
+                    s.span(),
+                    format!(
+                        "`name` is {len} bytes; a step's name is 1 to {MAX_STEP_NAME} bytes, \
+                         such as `name = \"capture.v1\"`"
+                    ),
+                );
+                return None;
+            }
+            Some(s)
+        }
+        other => {
+            errors.at(
+                other.span(),
+                format!("`name` takes a string literal, not an expression: {HELP}"),
             );
             None
         }

@@ -2,7 +2,7 @@
 //! other among the function's attributes, takes it, and the pair expands once, idempotency
 //! outside, retry inside. No wrapper nests in another.
 
-use crate::args::{self, DurationArg, Errors, IdempotentArgs, InProgress, On, RetryArgs};
+use crate::args::{self, DurationArg, Errors, IdempotentArgs, InProgress, On, RetryArgs, StepArgs};
 use crate::validate;
 use proc_macro2::{Literal, Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
@@ -15,6 +15,7 @@ use syn::{Attribute, Block, Ident, ItemFn, Meta, Path, ReturnType, Type};
 pub(crate) enum Kind {
     Retry,
     Idempotent,
+    Step,
 }
 
 impl Kind {
@@ -22,6 +23,7 @@ impl Kind {
         match self {
             Kind::Retry => "retry",
             Kind::Idempotent => "idempotent",
+            Kind::Step => "step",
         }
     }
 }
@@ -30,6 +32,9 @@ impl Kind {
 /// On any error the function is emitted unchanged beside every error found, so one mistake does
 /// not cascade.
 pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> TokenStream {
+    if kind == Kind::Step {
+        return step(args, item);
+    }
     if is_expanded_marker(&args) {
         // Re-emitted by its sibling, which expanded both: nothing left to do.
         return item;
@@ -64,6 +69,7 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
     match kind {
         Kind::Retry => retry = Some(args::retry(args, &mut errors)),
         Kind::Idempotent => idempotent = Some(args::idempotent(args, &mut errors)),
+        Kind::Step => unreachable!("expanded by `step`"),
     }
     let mut taken = None;
     let mut kept = Vec::with_capacity(func.attrs.len());
@@ -94,7 +100,8 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
                 idempotent = Some(args::idempotent(attr_args(&attr, &mut errors), &mut errors));
                 taken = Some(attr.path().clone());
             }
-            None => kept.push(attr),
+            // A `#[step]` beside is the step's own misuse, reported when it expands.
+            Some(Kind::Step) | None => kept.push(attr),
         }
     }
     func.attrs = kept;
@@ -120,6 +127,107 @@ pub(crate) fn attribute(kind: Kind, args: TokenStream, item: TokenStream) -> Tok
         return quote!(#func #errors);
     }
     expand(func, retry.as_ref(), idempotent.as_ref())
+}
+
+/// `#[step]`: checks the function and expands it into one call of the runtime's `step`. With
+/// `#[retry]` below it, the two are written back in the other order, so that `#[retry]`
+/// expands first and the step wraps the retry loop: its attempts are one occurrence of the
+/// step, and only the final `Ok` is recorded.
+fn step(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let mut func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            errors.at(
+                Span::call_site(),
+                "`#[step]` goes on an `async fn` returning `Result`",
+            );
+            return quote!(#item)
+                .into_iter()
+                .chain(errors.into_compile_error())
+                .collect();
+        }
+    };
+    let step = args::step(args.clone(), &mut errors);
+    let krate = step
+        .krate
+        .clone()
+        .map(Path::into_token_stream)
+        .unwrap_or_else(|| quote!(::jobguard));
+    if errors.is_empty()
+        && let Some(at) = func
+            .attrs
+            .iter()
+            .position(|a| sibling(a) == Some(Kind::Retry))
+    {
+        let retry = func.attrs.remove(at);
+        return quote! {
+            #retry
+            #[#krate::step(#args)]
+            #func
+        };
+    }
+    validate::function(&func, "step", &mut errors);
+    let idempotent = func
+        .attrs
+        .iter()
+        .find(|a| sibling(a) == Some(Kind::Idempotent));
+    if let Some(attr) = idempotent {
+        errors.push(syn::Error::new_spanned(attr, STEP_ON_A_JOB));
+    } else if expanded_by_idempotent(&func) {
+        errors.at(Span::call_site(), STEP_ON_A_JOB);
+    }
+    if !errors.is_empty() {
+        let errors = errors.into_compile_error();
+        return quote!(#func #errors);
+    }
+    step_call(func, &step, &krate)
+}
+
+/// A step is one effect inside a job, and `#[idempotent]` makes a job.
+const STEP_ON_A_JOB: &str = "`#[step]` and `#[idempotent]` on one function: a step is one \
+    effect inside a job, recorded under the job's key; put `#[step]` on the effect and \
+    `#[idempotent]` on the job that calls it";
+
+// Input:
+//     #[step(name = "capture.v1")]
+//     async fn capture(order: &Order) -> Result<Payment, GatewayError> { body }
+//
+// Output (macros/tests/expand/step.expanded.rs has it exactly):
+//     async fn capture(order: &Order) -> Result<Payment, GatewayError> {
+//         ::jobguard::__private::step("capture.v1", async { body }).await
+//     }
+//
+// Without `name`, the step is named after the function (`"capture"`).
+fn step_call(func: ItemFn, step: &StepArgs, krate: &TokenStream) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = func;
+    let ReturnType::Type(_, ret) = &sig.output else {
+        unreachable!("validated: returns Result")
+    };
+    let name = match &step.name {
+        Some(name) => quote!(#name),
+        None => {
+            let name = sig.ident.unraw().to_string();
+            quote!(#name)
+        }
+    };
+    let work = attempt_block(&block, ret);
+    // On the return type, where a bound the `Ok` or error type misses is reported once.
+    let call = respanned(&quote!(#krate::__private::step), ret.span());
+    let mut body = proc_macro2::Group::new(
+        proc_macro2::Delimiter::Brace,
+        quote_spanned!(ret.span()=> #call(#name, #work).await),
+    );
+    body.set_span(block.brace_token.span.join());
+    quote! {
+        #(#attrs)*
+        #vis #sig #body
+    }
 }
 
 /// The argument a sibling is written back with once it has been expanded.

@@ -31,6 +31,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::attribute(expand::Kind::Idempotent, args.into(), item.into()).into()
 }
 
+/// Records an `async fn`'s `Ok` value as a durable step of the job it runs in, and replays it on
+/// every later run of that job. Documented on `jobguard::step`.
+#[proc_macro_attribute]
+pub fn step(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::attribute(expand::Kind::Step, args.into(), item.into()).into()
+}
+
 /// Derives `jobguard::Transient` for an error enum. Documented on `jobguard::Transient`.
 #[proc_macro_derive(Transient, attributes(transient))]
 pub fn derive_transient(input: TokenStream) -> TokenStream {

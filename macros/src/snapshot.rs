@@ -154,6 +154,16 @@ const CASES: &[Case] = &[
             }
         "#,
     },
+    Case {
+        name: "step",
+        kind: Kind::Step,
+        args: r#"name = "capture.v1""#,
+        item: r#"
+            async fn capture(order: &Order) -> Result<Payment, GatewayError> {
+                gateway().capture(&order.id, order.amount).await
+            }
+        "#,
+    },
 ];
 
 fn tokens(text: &str) -> TokenStream {
@@ -174,6 +184,7 @@ fn render(case: &Case) -> String {
     let attribute = match case.kind {
         Kind::Retry => "retry",
         Kind::Idempotent => "idempotent",
+        Kind::Step => "step",
     };
     let input = format!("#[{attribute}({})]\n{}", case.args, case.item.trim());
     let input = pretty(tokens(&input));

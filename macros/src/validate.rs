@@ -14,6 +14,12 @@ pub(crate) fn function(func: &ItemFn, name: &str, errors: &mut Errors) {
             "the `Ok` value is stored for replay, and an `Err` lets a redelivery run the job again",
             "add `-> Result<(), YourError>`: ",
         )
+    } else if name == "step" {
+        (
+            "the `Ok` value is recorded for later runs of the job, and an `Err` lets the next \
+             run run the step again",
+            "add `-> Result<(), YourError>`: ",
+        )
     } else {
         ("an attempt fails by returning `Err`", "")
     };
@@ -27,7 +33,7 @@ pub(crate) fn function(func: &ItemFn, name: &str, errors: &mut Errors) {
         );
     }
     match &sig.output {
-        ReturnType::Default if name == "idempotent" => errors.at(
+        ReturnType::Default if name == "idempotent" || name == "step" => errors.at(
             sig.ident.span(),
             format!(
                 "`#[{name}]` needs `{}` to return `Result<T, E>`, and it returns `()`; {add}{why}",

@@ -179,6 +179,8 @@ thread_local! {
     static NUMBER: Cell<u32> = const { Cell::new(0) };
     /// That attempt's start, once known: given by the engine, or read when the body first asks.
     static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// That attempt's serial, once a durable step asked for it ([`run()`]); 0 until then.
+    static RUN: Cell<u64> = const { Cell::new(0) };
     /// The generation of the claim whose body is being polled on this thread; [`NO_FENCE`] when
     /// none is (or its store does not number claims).
     static FENCE: Cell<u64> = const { Cell::new(NO_FENCE) };
@@ -268,31 +270,57 @@ pub fn fence() -> Option<u64> {
     }
 }
 
-/// Polls `poll` with attempt `number` as the attempt in the body and `started` as its start
-/// (when known), and keeps in `started` the start the body learned by asking. The attempt
-/// outside (a guarded call inside another) is put back afterwards, also when `poll` panics.
+/// Polls `poll` with attempt `number` as the attempt in the body, `started` as its start (when
+/// known) and `run` as its serial (0 until asked for), and keeps in `started` and `run` what
+/// the body learned by asking. The attempt outside (a guarded call inside another) is put back
+/// afterwards, also when `poll` panics.
 pub(crate) fn poll_in<R>(
     number: u32,
     started: &mut Option<Instant>,
+    run: &mut u64,
     poll: impl FnOnce() -> R,
 ) -> R {
     struct Restore<'s> {
         number: u32,
         started: Option<Instant>,
+        run: u64,
         learned: &'s mut Option<Instant>,
+        learned_run: &'s mut u64,
     }
     impl Drop for Restore<'_> {
         fn drop(&mut self) {
             NUMBER.set(self.number);
             *self.learned = STARTED.replace(self.started);
+            *self.learned_run = RUN.replace(self.run);
         }
     }
     let _restore = Restore {
         number: NUMBER.replace(number),
         started: STARTED.replace(*started),
+        run: RUN.replace(*run),
         learned: started,
+        learned_run: run,
     };
     poll()
+}
+
+/// The serial of the attempt whose body is being polled on this thread: a number no other
+/// attempt in the process has, handed out the first time it is asked for. 0 outside an
+/// attempt. What a durable step counts its occurrences within: one run of the job's body.
+pub(crate) fn run() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    if NUMBER.get() == 0 {
+        return 0;
+    }
+    match RUN.get() {
+        0 => {
+            let serial = NEXT.fetch_add(1, Ordering::Relaxed);
+            RUN.set(serial);
+            serial
+        }
+        serial => serial,
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -300,6 +328,7 @@ pin_project_lite::pin_project! {
     /// without `#[retry]`. A `#[retry]` inside numbers its own attempts.
     pub(crate) struct FirstAttempt<F> {
         started: Option<Instant>,
+        run: u64,
         #[pin]
         future: F,
     }
@@ -309,6 +338,7 @@ impl<F> FirstAttempt<F> {
     pub(crate) fn new(future: F) -> Self {
         FirstAttempt {
             started: None,
+            run: 0,
             future,
         }
     }
@@ -323,7 +353,7 @@ impl<F: Future> Future for FirstAttempt<F> {
     ) -> std::task::Poll<F::Output> {
         let this = self.project();
         let future = this.future;
-        poll_in(1, this.started, || future.poll(cx))
+        poll_in(1, this.started, this.run, || future.poll(cx))
     }
 }
 

@@ -124,6 +124,17 @@ pub trait Replayable: serde::Serialize + serde::de::DeserializeOwned {}
 #[diagnostic::do_not_recommend]
 impl<T: serde::Serialize + serde::de::DeserializeOwned> Replayable for T {}
 
+/// Names the bound that `#[step]` (and [`step`](crate::step())) need of the `Ok` type, in
+/// words.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded as a step's value",
+    label = "`#[step]` records the `Ok` value for later runs of the job, so it needs `serde::Serialize + serde::de::DeserializeOwned`",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, or return what the later steps need of it"
+)]
+pub trait Recordable: serde::Serialize + serde::de::DeserializeOwned {}
+#[diagnostic::do_not_recommend]
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Recordable for T {}
+
 /// Names the bound that `timeout`, `budget` and `breaker` need, in words.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry jobguard's own errors",

@@ -7,7 +7,9 @@
 //! 1. **claim** the key ([`Session::claim`]): one [`Store::claim`], numbered (the fence)
 //!    and counting the claims that dead workers abandoned (crashes, then poisoning);
 //! 2. **hold** it while the work runs ([`Held::run`]): the lease is renewed every third of
-//!    itself, and the work reads the claim's generation with [`fence()`](crate::fence);
+//!    itself, the work reads the claim's generation with [`fence()`](crate::fence), and its
+//!    durable steps ([`step`](crate::step())) find the steps the claim read, and record theirs
+//!    under the claim's token;
 //! 3. then **complete** it with the result ([`Held::complete`], retried a few times), or
 //!    **release** it ([`Held::release`]) when the work failed, so that a redelivery runs it
 //!    again. A held claim dropped before either (the work was cancelled, or panicked) is
@@ -19,7 +21,8 @@
 
 use crate::attempt::Fenced;
 use crate::observe::{Event, log_error};
-use crate::store::{ClaimOptions, Claimed, Store, StoreKey};
+use crate::step::Journal;
+use crate::store::{ClaimOptions, Claimed, StepRecord, Store, StoreKey};
 use crate::{Error, Runtime};
 use std::future::Future;
 use std::pin::pin;
@@ -52,6 +55,8 @@ pub(crate) struct Session {
     /// Set once `LeaseLost` was raised: the heartbeat finds a lease lost, and the result's
     /// write is then refused for the same reason; the event says it once.
     lost: AtomicBool,
+    /// The steps the last claim read with it, kept for [`Session::hold`] to hand to the work.
+    steps: std::sync::Mutex<Option<Vec<StepRecord>>>,
 }
 
 impl Session {
@@ -75,6 +80,7 @@ impl Session {
             lease,
             work,
             lost: AtomicBool::new(false),
+            steps: std::sync::Mutex::new(None),
         }
     }
 
@@ -111,8 +117,14 @@ impl Session {
             lease: self.lease,
             ..options
         };
-        match self.store.claim(self.key(), &self.token, options).await {
-            Ok(claimed) => Ok(claimed),
+        match (self.store)
+            .claim_with_steps(self.key(), &self.token, options)
+            .await
+        {
+            Ok((claimed, steps)) => {
+                *self.steps.lock().unwrap_or_else(|p| p.into_inner()) = steps;
+                Ok(claimed)
+            }
             Err(error) => {
                 let error = error.at_key(&self.scope, &self.key);
                 self.emit(Event::ClaimFailed {
@@ -133,9 +145,19 @@ impl Session {
             key: &self.key,
         });
         let counted = crate::runtime::HeldClaim::new(&self.runtime);
+        let steps = self.steps.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let journal = Journal::new(
+            self.store.clone(),
+            self.runtime.clone(),
+            &self.name,
+            self.key(),
+            &self.token,
+            steps,
+        );
         Held {
             session: self,
             generation,
+            journal: Arc::new(journal),
             armed: true,
             counted: Some(counted),
         }
@@ -146,6 +168,8 @@ impl Session {
 pub(crate) struct Held {
     session: Session,
     generation: u64,
+    /// The work's durable steps.
+    journal: Arc<Journal>,
     /// Cleared once the claim is completed or released: nothing is left for `drop` to do.
     armed: bool,
     /// The claim counted in its runtime until its completion or release is written (see
@@ -159,13 +183,15 @@ impl Held {
         &self.session
     }
 
-    /// Runs `work` inside the claim: [`fence()`](crate::fence) gives its generation, and the
-    /// lease is renewed every third of itself until the work ends. A store error at a renewal
+    /// Runs `work` inside the claim: [`fence()`](crate::fence) gives its generation, its steps
+    /// record under the claim, and the lease is renewed every third of itself until the work
+    /// ends. A store error at a renewal
     /// is tried again at the next; a lost lease is said once (the work runs on: stopping it
     /// halfway would leave its effect half done, and the result's write will be refused).
     pub(crate) async fn run<F: Future>(&self, work: F) -> F::Output {
         let s = &self.session;
-        let mut work = pin!(Fenced::new(self.generation, work));
+        let work = Fenced::new(self.generation, work);
+        let mut work = pin!(crate::step::scope(self.journal.clone(), work));
         // Work that ends at its first poll needs no timer.
         let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
         if let Poll::Ready(done) = first {

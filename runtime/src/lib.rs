@@ -69,6 +69,10 @@
 //! - **The attributes** (feature `macros`, on by default): `#[retry]` and `#[idempotent]` on an
 //!   `async fn` returning `Result`, and `#[derive(Transient)]` for the error's [`Verdict`]s
 //!   ([`Transient`], [`http_verdict`] for HTTP statuses). Their own docs list every argument.
+//! - **Durable steps**: `#[step]` (or [`step()`]) on each effect of a job with several: inside an
+//!   `#[idempotent]` job its `Ok` value is recorded under the job's key, and every later run of
+//!   the job (a retry, a redelivery, a redrive) replays it and resumes at the first step not yet
+//!   recorded; see the [`step`](mod@step) module.
 //! - **Without a macro**: [`Policy::run`] is the retry loop over an `async` closure, and
 //!   [`Idempotent`] the claim around a future.
 //! - **Stores**, where claims and results live: [`MemoryStore`] (the embedded default),
@@ -132,6 +136,7 @@ pub mod policy;
 mod record;
 mod retry;
 pub mod runtime;
+pub mod step;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -150,12 +155,13 @@ pub use jitter::Jitter;
 pub use observe::{Event, Observer};
 pub use policy::Policy;
 pub use runtime::{Runtime, RuntimeBuilder};
+pub use step::step;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PgStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
-pub use store::{ClaimOptions, Claimed, Letter, Store, StoreKey};
+pub use store::{ClaimOptions, Claimed, Letter, StepKey, StepRecord, Store, StoreKey};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]
@@ -290,6 +296,56 @@ pub use jobguard_macros::retry;
 #[doc(inline)]
 pub use jobguard_macros::idempotent;
 
+/// Makes an `async fn` a durable step of the job it runs in: its `Ok` value is recorded under
+/// the job's key, and every later run of that job (a retry, a redelivery, a redrive) returns
+/// the recorded value without running it.
+///
+/// ```
+/// # use std::sync::atomic::{AtomicU32, Ordering};
+/// # static CAPTURES: AtomicU32 = AtomicU32::new(0);
+/// #[jobguard::step(name = "capture.v1")]
+/// async fn capture(order_id: &str, amount: u64) -> Result<String, jobguard::Error> {
+///     CAPTURES.fetch_add(1, Ordering::Relaxed); // the gateway's call
+///     Ok(format!("payment {order_id}/{amount}"))
+/// }
+///
+/// #[jobguard::idempotent(key = order_id)]
+/// async fn checkout(order_id: &str, fail: bool) -> Result<String, jobguard::Error> {
+///     let payment = capture(order_id, 100).await?;
+///     if fail {
+///         return Err(jobguard::Error::Timeout); // released: a redelivery runs the job again
+///     }
+///     Ok(payment)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert!(checkout("order-A", true).await.is_err());
+/// assert_eq!(checkout("order-A", false).await.unwrap(), "payment order-A/100");
+/// assert_eq!(CAPTURES.load(Ordering::Relaxed), 1); // the redelivery replayed the capture
+/// # }
+/// ```
+///
+/// Arguments: `name` (a string literal: the step's stored name, default the function's name;
+/// version it, `"capture.v2"`, when a change makes an old value wrong to replay) and `crate`.
+/// The function is an `async fn` returning `Result<T, E>`, `T: Serialize + DeserializeOwned`,
+/// `E: From<jobguard::Error>` (a step can fail on its own: a lost lease, a record that does not
+/// decode). `#[retry]` on the same function retries the step alone, inside it, in either
+/// order. The [`step`](mod@step) module holds the rules: occurrences, fencing, what ends a
+/// step's record. Outside a job a step just runs.
+///
+/// # Equivalent code without the attribute
+///
+/// ```
+/// # async fn gateway(_: &str) -> Result<String, jobguard::Error> { Ok(String::new()) }
+/// async fn capture(order_id: &str) -> Result<String, jobguard::Error> {
+///     jobguard::step("capture.v1", async { gateway(order_id).await }).await
+/// }
+/// ```
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use jobguard_macros::step;
+
 /// The statements of `#[idempotent(transaction = ..)]`'s expansion, passed through: the
 /// `postgres` feature is on. Not public API; expansions call it as `__private::transaction!`.
 #[cfg(feature = "postgres")]
@@ -322,6 +378,7 @@ pub mod __private {
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
     pub use crate::retry::{Guard, Payload, Retry, Spec, accept, breaker, sink};
+    pub use crate::step::step;
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, Savepoint};

@@ -149,6 +149,30 @@ pub enum Event<'a> {
         /// The idempotency key.
         key: &'a str,
     },
+    /// A durable step ran and its `Ok` value was recorded under the job's key
+    /// ([`step`](crate::step())): later runs of the job replay it.
+    StepRecorded {
+        /// The job's name.
+        scope: &'a str,
+        /// The job's idempotency key.
+        key: &'a str,
+        /// The step's name.
+        step: &'a str,
+        /// Which call of that name within the run, from 1.
+        occurrence: u32,
+    },
+    /// A durable step was recorded by an earlier run of the job: its value is returned and the
+    /// step does not run.
+    StepReplayed {
+        /// The job's name.
+        scope: &'a str,
+        /// The job's idempotency key.
+        key: &'a str,
+        /// The step's name.
+        step: &'a str,
+        /// Which call of that name within the run, from 1.
+        occurrence: u32,
+    },
     /// Another worker holds a live claim on the key. Raised once a call: a call that waits
     /// (`in_progress = wait(..)`) raises it when it first finds the key held, not at each look.
     InProgress {
@@ -301,6 +325,24 @@ impl fmt::Debug for Event<'_> {
                 .field("retry_in", &retry_in)
                 .finish(),
             Event::Released { scope, key } => scoped(f, "Released", scope, key).finish(),
+            Event::StepRecorded {
+                scope,
+                key,
+                step,
+                occurrence,
+            } => scoped(f, "StepRecorded", scope, key)
+                .field("step", &step)
+                .field("occurrence", &occurrence)
+                .finish(),
+            Event::StepReplayed {
+                scope,
+                key,
+                step,
+                occurrence,
+            } => scoped(f, "StepReplayed", scope, key)
+                .field("step", &step)
+                .field("occurrence", &occurrence)
+                .finish(),
             Event::LeaseLost { scope, key } => scoped(f, "LeaseLost", scope, key).finish(),
             Event::StoreFailed { scope, key } => scoped(f, "StoreFailed", scope, key).finish(),
             Event::ClaimFailed { scope, key, error } => scoped(f, "ClaimFailed", scope, key)

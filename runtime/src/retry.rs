@@ -253,6 +253,8 @@ pub struct Retry<'a, E> {
     /// The running attempt's start on tokio's clock, once known: asked for by the body, or
     /// taken when the attempt first waits or fails.
     attempt_started: Option<Instant>,
+    /// The running attempt's serial, once a durable step in its body asked for it.
+    attempt_run: u64,
     /// The first attempt's start on tokio's clock, read only when the policy has a budget.
     started: Option<Instant>,
     /// What only a call whose attempt waited or failed needs: made then.
@@ -302,6 +304,7 @@ impl<'a, E> Retry<'a, E> {
             watched,
             number: 0,
             attempt_started: None,
+            attempt_run: 0,
             started: None,
             failed: None,
             #[cfg(feature = "tracing")]
@@ -375,6 +378,7 @@ impl<'a, E> Retry<'a, E> {
         }
         self.number += 1;
         self.attempt_started = None;
+        self.attempt_run = 0;
         if let Some(failed) = &mut self.failed {
             failed.stamped = false;
         }
@@ -424,7 +428,12 @@ impl<'a, E> Retry<'a, E> {
             true => self.span.enter(self.spec.job, self.spec.key),
             false => None,
         };
-        attempt::poll_in(self.number, &mut self.attempt_started, poll)
+        attempt::poll_in(
+            self.number,
+            &mut self.attempt_started,
+            &mut self.attempt_run,
+            poll,
+        )
     }
 
     /// Takes the running attempt's wall-clock start, once: when it first waits or fails. That

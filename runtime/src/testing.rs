@@ -17,7 +17,8 @@
 //! that only grow and a release that keeps them; abandoned claims taken over and counted until
 //! the key is poisoned and refused for its TTL, with its dead letter's role handed out until
 //! [`Store::lettered`]; `forgive` and `lookup`; and, for a store that implements them, `inspect`
-//! and `forget`.
+//! and `forget`, and a job's durable steps (recorded only by the claim's holder, read back with
+//! the next claim, gone with the job's completion, `forgive`, `forget` and its TTL).
 //!
 //! They run on the real clock, since a server keeps its leases on its own: where a lease must
 //! lapse it is short (300 ms), and the checks poll with a deadline rather than sleep for a
@@ -31,7 +32,8 @@
 use crate::Error;
 use crate::idempotency::Idempotent;
 use crate::store::{
-    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey,
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, StepKey, StepRecord, Store, StoreFuture,
+    StoreKey,
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::future::Future;
@@ -88,6 +90,9 @@ where
         a_forgive_racing_claims_of_a_poisoned_key_lets_one_of_them_acquire_it,
         a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it,
         inspect_tells_each_state_and_forget_frees_the_key,
+        steps_are_recorded_by_the_claims_holder_alone_and_resume_with_the_next_claim,
+        a_completed_forgiven_or_forgotten_job_has_no_steps,
+        steps_expire_with_their_job,
     );
 }
 
@@ -729,7 +734,7 @@ pub async fn race<S: Store + Clone + 'static>(store: &S, tag: &str) -> Vec<(Stri
                 }
                 // A store that answers without waiting (in memory) would let one task claim
                 // every key before the next starts.
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             won
         }));
@@ -1500,4 +1505,189 @@ pub async fn inspect_tells_each_state_and_forget_frees_the_key<B: Backend>(b: &B
         "{first:?}"
     );
     assert_eq!(store.forget(never).await, Ok(false), "a key never claimed");
+}
+
+/// A step of the checks' jobs.
+fn step(name: &str, occurrence: u32) -> StepKey<'_> {
+    StepKey { name, occurrence }
+}
+
+/// Claims `k` with [`Store::claim_with_steps`]; when acquired, its steps, sorted (read with
+/// [`Store::steps`] when the claim did not read them).
+async fn claim_steps<S: Store>(
+    store: &S,
+    k: StoreKey<'_>,
+    token: &str,
+    options: ClaimOptions<'_>,
+) -> (Claimed, Vec<(String, u32, Vec<u8>)>) {
+    let (claimed, steps) = store.claim_with_steps(k, token, options).await.unwrap();
+    let steps = match (&claimed, steps) {
+        (Claimed::Acquired { .. }, Some(steps)) => steps,
+        (Claimed::Acquired { .. }, None) => store.steps(k).await.unwrap(),
+        (_, None) => Vec::new(),
+        (other, Some(steps)) => panic!("steps {steps:?} read with a claim that found {other:?}"),
+    };
+    (claimed, sorted(steps))
+}
+
+fn sorted(steps: Vec<StepRecord>) -> Vec<(String, u32, Vec<u8>)> {
+    let mut steps: Vec<_> = (steps.into_iter())
+        .map(|s| (s.name, s.occurrence, s.value))
+        .collect();
+    steps.sort();
+    steps
+}
+
+/// Whether the store keeps durable steps: one that answers [`Error::Config`] to
+/// [`Store::steps`] (the trait's default) is not checked further.
+async fn keeps_steps<S: Store>(store: &S) -> bool {
+    !matches!(store.steps(key("steps-kept")).await, Err(Error::Config(_)))
+}
+
+/// A step is recorded ([`Store::record_step`]) only while its token holds a live claim, and
+/// replaces the value of the same name and occurrence; the steps (any name, binary values) come
+/// back with the next claim after a release, and after the takeover of a lapsed claim; a token
+/// that no longer holds the claim (released, or taken over) records nothing.
+pub async fn steps_are_recorded_by_the_claims_holder_alone_and_resume_with_the_next_claim<
+    B: Backend,
+>(
+    b: &B,
+) {
+    let store = b.store();
+    if !keeps_steps(&store).await {
+        return;
+    }
+    let k = key("steps-resume");
+    let options = ClaimOptions::new(LONG).ttl(DAY);
+    let (claimed, steps) = claim_steps(&store, k, "w1", options).await;
+    assert_eq!(
+        (claimed, steps),
+        (acquired(1, 0), Vec::new()),
+        "a fresh key"
+    );
+    let binary = [0u8, 255, b':', b'\n'];
+    for (name, n, value) in [
+        ("capture.v1", 1, &b"first"[..]),
+        ("reserve", 1, b"r1"),
+        ("reserve", 2, &binary[..]),
+        ("name: with colon, and späces", 7, b"{}"),
+        ("capture.v1", 1, b"again"),
+    ] {
+        let recorded = store.record_step(k, "w1", step(name, n), value).await;
+        assert_eq!(recorded, Ok(()), "{name}#{n}");
+    }
+    assert_eq!(
+        store.record_step(k, "w2", step("stranger", 1), b"x").await,
+        Err(Error::LeaseLost),
+        "a token that holds no claim"
+    );
+    let expected = vec![
+        ("capture.v1".to_owned(), 1, b"again".to_vec()),
+        ("name: with colon, and späces".to_owned(), 7, b"{}".to_vec()),
+        ("reserve".to_owned(), 1, b"r1".to_vec()),
+        ("reserve".to_owned(), 2, binary.to_vec()),
+    ];
+    assert_eq!(sorted(store.steps(k).await.unwrap()), expected);
+
+    store.release(k, "w1").await.unwrap();
+    assert_eq!(
+        store.record_step(k, "w1", step("late", 1), b"x").await,
+        Err(Error::LeaseLost),
+        "a released claim"
+    );
+    let short = ClaimOptions::new(SHORT).ttl(DAY).crashes(0);
+    let (claimed, steps) = claim_steps(&store, k, "w2", short).await;
+    assert_eq!(claimed, acquired(2, 0));
+    assert_eq!(steps, expected, "resumed after a release");
+
+    // w2's lease lapses; w3 takes the job over with its steps, and w2 records nothing.
+    let taken = claimed_when_free(&store, k, "w3", short, Duration::from_secs(5)).await;
+    assert_eq!(taken, acquired(3, 1));
+    assert_eq!(sorted(store.steps(k).await.unwrap()), expected);
+    assert_eq!(
+        store.record_step(k, "w2", step("zombie", 1), b"x").await,
+        Err(Error::LeaseLost),
+        "a token whose claim was taken over"
+    );
+    assert_eq!(sorted(store.steps(k).await.unwrap()), expected);
+}
+
+/// A completed job replays its result and has no steps left; `forgive` and `forget` drop a
+/// job's steps, so that its next claim starts without them.
+pub async fn a_completed_forgiven_or_forgotten_job_has_no_steps<B: Backend>(b: &B) {
+    let store = b.store();
+    if !keeps_steps(&store).await {
+        return;
+    }
+    let options = ClaimOptions::new(LONG).ttl(DAY);
+    let one = step("one", 1);
+
+    let c = key("steps-completed");
+    assert_eq!(store.claim(c, "w1", options).await, Ok(acquired(1, 0)));
+    store.record_step(c, "w1", one, b"1").await.unwrap();
+    store.complete(c, "w1", b"done", DAY).await.unwrap();
+    assert_eq!(store.steps(c).await, Ok(Vec::new()), "completed");
+    let (claimed, steps) = claim_steps(&store, c, "w2", options).await;
+    assert_eq!(claimed, Claimed::Completed(b"done".to_vec()));
+    assert!(steps.is_empty());
+
+    let f = key("steps-forgiven");
+    let lapsing = ClaimOptions::new(CRASH_LEASE).ttl(DAY);
+    assert_eq!(store.claim(f, "w1", lapsing).await, Ok(acquired(1, 0)));
+    store.record_step(f, "w1", one, b"1").await.unwrap();
+    // Its worker dies: once the lease lapsed, forgive clears the crash, and the steps with it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.forgive(f).await.unwrap() {
+        assert!(Instant::now() < deadline, "the lease never lapsed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.steps(f).await, Ok(Vec::new()), "forgiven");
+    let (claimed, steps) = claim_steps(&store, f, "w2", options).await;
+    assert_eq!((claimed, steps), (acquired(2, 0), Vec::new()));
+
+    let g = key("steps-forgotten");
+    assert_eq!(store.claim(g, "w1", options).await, Ok(acquired(1, 0)));
+    store.record_step(g, "w1", one, b"1").await.unwrap();
+    store.release(g, "w1").await.unwrap();
+    match store.forget(g).await {
+        Err(Error::Config(_)) => return,
+        got => assert_eq!(got, Ok(true)),
+    }
+    assert_eq!(store.steps(g).await, Ok(Vec::new()), "forgotten");
+    let (claimed, steps) = claim_steps(&store, g, "w2", options).await;
+    assert!(matches!(claimed, Claimed::Acquired { crashes: 0, .. }));
+    assert!(steps.is_empty(), "{steps:?}");
+}
+
+/// A job's steps share its TTL: once the key's history expired, its steps are gone, and the
+/// next claim starts without them.
+pub async fn steps_expire_with_their_job<B: Backend>(b: &B) {
+    let store = b.store();
+    if !keeps_steps(&store).await {
+        return;
+    }
+    let k = key("steps-expire");
+    let options = ClaimOptions::new(SHORT).ttl(SHORT);
+    assert_eq!(store.claim(k, "w1", options).await, Ok(acquired(1, 0)));
+    store
+        .record_step(k, "w1", step("one", 1), b"1")
+        .await
+        .unwrap();
+    store.release(k, "w1").await.unwrap();
+    assert_eq!(
+        store.steps(k).await.unwrap().len(),
+        1,
+        "kept by the release"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !store.steps(k).await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the steps outlived their job's TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (claimed, steps) = claim_steps(&store, k, "w2", options).await;
+    assert!(matches!(claimed, Claimed::Acquired { crashes: 0, .. }));
+    assert!(steps.is_empty(), "{steps:?}");
 }

@@ -52,6 +52,21 @@ async fn ratio(order_id: &str) -> Result<f64, GatewayError> {
     Ok(f64::NAN)
 }
 
+#[jobguard::step]
+async fn capture(order_id: &str) -> Result<u64, GatewayError> {
+    Ok(order_id.len() as u64)
+}
+
+/// A job with one step, failing after it when `fail`.
+#[jobguard::idempotent(key = order_id, scope = "payments.steps")]
+async fn stepped(order_id: &str, fail: bool) -> Result<u64, GatewayError> {
+    let captured = capture(order_id).await?;
+    if fail {
+        return Err(GatewayError::Declined);
+    }
+    Ok(captured)
+}
+
 /// Never runs: its store is out of reach, so the claim fails closed.
 #[jobguard::idempotent(key = order_id, scope = "payments.unreachable")]
 async fn unreachable(order_id: &str) -> Result<u64, GatewayError> {
@@ -101,6 +116,9 @@ async fn scenario(recorder: &PrometheusRecorder) {
                     gate.notify_one();
                 });
             assert_eq!((first.unwrap(), second.unwrap()), (2, 2));
+            // A step recorded by a failed run, replayed by the next.
+            assert!(stepped("order-T", true).await.is_err());
+            assert_eq!(stepped("order-T", false).await.unwrap(), 7);
             // A result that cannot be kept to replay.
             assert!(ratio("order-R").await.unwrap().is_nan());
             // A store out of reach: the claim fails, and the job does not run.
@@ -125,6 +143,7 @@ fn expected_types() -> BTreeMap<&'static str, &'static str> {
         (names::RETRIES, "counter"),
         (names::DEAD_LETTERED, "counter"),
         (names::REPLAYS, "counter"),
+        (names::STEPS_REPLAYED, "counter"),
         (names::IN_PROGRESS, "counter"),
         (names::STORE_FAILED, "counter"),
         (names::CLAIM_FAILED, "counter"),
@@ -160,6 +179,10 @@ fn assert_rendered(rendered: &str) {
         ),
         (r#"jobguard_replays_total{job="payments.charge"}"#, "1"),
         (r#"jobguard_replays_total{job="payments.queued"}"#, "1"),
+        (
+            r#"jobguard_steps_replayed_total{job="payments.steps"}"#,
+            "1",
+        ),
         (r#"jobguard_in_progress_total{job="payments.slow"}"#, "1"),
         (r#"jobguard_in_progress_total{job="payments.queued"}"#, "1"),
         (r#"jobguard_store_failed_total{job="payments.ratio"}"#, "1"),

@@ -58,7 +58,7 @@ async fn the_store_conformance_suite_passes_on_postgres() {
         .expect("a release of a free key is a no-op");
     let server = Arc::new(server);
     jobguard::testing::check_backend(|| async {
-        sqlx::query("TRUNCATE jobguard_keys")
+        sqlx::query("TRUNCATE jobguard_keys, jobguard_steps")
             .execute(store.pool())
             .await
             .expect("truncate");

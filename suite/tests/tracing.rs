@@ -505,3 +505,42 @@ async fn a_takeover_of_a_dead_worker_s_claim_and_a_poison_letter_are_said_with_j
     );
     assert_eq!(letters.letters().len(), 1);
 }
+
+#[jobguard::step(name = "capture.v1")]
+async fn traced_capture() -> Result<u32, jobguard::Error> {
+    tracing::info!("capturing");
+    Ok(7)
+}
+
+#[jobguard::idempotent(key = order, scope = "shop.traced")]
+async fn traced_checkout(order: &str, fail: bool) -> Result<u32, jobguard::Error> {
+    let paid = traced_capture().await?;
+    if fail {
+        return Err(jobguard::Error::Timeout);
+    }
+    Ok(paid)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_step_runs_in_a_span_of_its_own_and_its_replay_is_an_event() {
+    let (capture, _guard) = capture();
+    let (runtime, _) = runtime();
+    assert!(runtime.scope(traced_checkout("o-1", true)).await.is_err());
+    assert_eq!(runtime.scope(traced_checkout("o-1", false)).await, Ok(7));
+
+    let ran = capture.with_message("capturing");
+    assert_eq!(ran.len(), 1, "the second run replayed the step");
+    let (name, fields) = ran[0].spans.last().expect("inside the step's span");
+    assert_eq!(name, jobguard::observe::tracing::STEP_SPAN);
+    assert_eq!(fields.get("job").map(String::as_str), Some("shop.traced"));
+    assert_eq!(fields.get("key").map(String::as_str), Some("o-1"));
+    assert_eq!(fields.get("step").map(String::as_str), Some("capture.v1"));
+    assert_eq!(fields.get("occurrence").map(String::as_str), Some("1"));
+    let recorded = capture.with_message("step recorded");
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].level, Level::DEBUG);
+    let replayed = capture.with_message("step replayed");
+    assert_eq!(replayed.len(), 1);
+    assert_eq!(replayed[0].level, Level::INFO);
+    assert_eq!(replayed[0].field("step"), Some("capture.v1"));
+}

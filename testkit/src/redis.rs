@@ -314,3 +314,25 @@ fn answering_pid(port: u16, password: Option<&str>) -> Option<u32> {
         }
     }
 }
+
+/// The script calls (`EVALSHA` and `EVAL`) the server behind `connection` has run, from its
+/// `INFO commandstats`: each is one round trip of a `RedisStore` operation. `INFO` itself is
+/// not a script call, so asking does not move the count.
+pub async fn script_calls<C: redis::aio::ConnectionLike>(connection: &mut C) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(connection)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}

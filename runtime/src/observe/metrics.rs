@@ -9,6 +9,7 @@
 //! | `jobguard_dead_lettered_total` | counter | `job`, `reason` | a job gives up (`reason`: [`GiveUp::as_str`](crate::GiveUp::as_str)) |
 //! | `jobguard_handed_back_total` | counter | `job` | a job's retries ran out on a delivery that is not the runner's last: no letter, the runner delivers it again |
 //! | `jobguard_replays_total` | counter | `job` (the idempotency scope) | a completed key is replayed |
+//! | `jobguard_steps_replayed_total` | counter | `job` | a durable step recorded by an earlier run of its job is replayed instead of run ([`step`](crate::step())) |
 //! | `jobguard_in_progress_total` | counter | `job` (the idempotency scope) | a key is found claimed by another worker (once a call, also while it waits) |
 //! | `jobguard_lease_lost_total` | counter | `job` (the idempotency scope) | a claim's lease lapsed while its job ran: another worker may run it too |
 //! | `jobguard_claim_failed_total` | counter | `job` (the idempotency scope) | a key could not be claimed (the store out of reach or failing, a record it cannot read): the job did not run |
@@ -56,6 +57,8 @@ pub const DEAD_LETTERED: &str = "jobguard_dead_lettered_total";
 pub const HANDED_BACK: &str = "jobguard_handed_back_total";
 /// `jobguard_replays_total{job}`: idempotent calls answered from a stored result.
 pub const REPLAYS: &str = "jobguard_replays_total";
+/// `jobguard_steps_replayed_total{job}`: durable steps replayed instead of run.
+pub const STEPS_REPLAYED: &str = "jobguard_steps_replayed_total";
 /// `jobguard_in_progress_total{job}`: idempotent calls that found the key held by another worker.
 pub const IN_PROGRESS: &str = "jobguard_in_progress_total";
 /// `jobguard_lease_lost_total{job}`: claims whose lease lapsed while the job ran.
@@ -99,6 +102,10 @@ pub fn describe() {
         "Jobs whose retries ran out on a delivery that is not the runner's last, handed back for another."
     );
     describe_counter!(REPLAYS, "Idempotent calls answered from a stored result.");
+    describe_counter!(
+        STEPS_REPLAYED,
+        "Durable steps answered from a value an earlier run of their job recorded."
+    );
     describe_counter!(
         IN_PROGRESS,
         "Idempotent calls that found their key held by another worker."
@@ -200,6 +207,7 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::DeadLetterLost { letter, .. } => increment(DEAD_LETTERS_LOST, Dim::Job, &letter.job),
         Event::HandedBack { job, .. } => increment(HANDED_BACK, Dim::Job, job),
         Event::Replayed { scope, .. } => increment(REPLAYS, Dim::Job, scope),
+        Event::StepReplayed { scope, .. } => increment(STEPS_REPLAYED, Dim::Job, scope),
         Event::InProgress { scope, .. } => increment(IN_PROGRESS, Dim::Job, scope),
         Event::LeaseLost { scope, .. } => increment(LEASE_LOST, Dim::Job, scope),
         Event::StoreFailed { scope, .. } => increment(STORE_FAILED, Dim::Job, scope),

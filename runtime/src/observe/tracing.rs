@@ -13,6 +13,8 @@
 //! | the sink refused the job's dead letter | `WARN` | `dead letter lost` | `job`, `key`, `reason`, `attempts`, `error` (the sink's) |
 //! | the job succeeded | `DEBUG` | `succeeded` | `attempts` |
 //! | a completed key was replayed | `INFO` | `replayed` | `scope`, `key` |
+//! | a durable step was recorded | `DEBUG` | `step recorded` | `scope`, `key`, `step`, `occurrence` |
+//! | a durable step was replayed | `INFO` | `step replayed` | `scope`, `key`, `step`, `occurrence` |
 //! | the key is held by another worker | `INFO` | `in progress elsewhere` | `scope`, `key`, `retry_in` |
 //! | the claim's lease was lost | `WARN` | `lease lost` | `scope`, `key` |
 //! | the key could not be claimed (the job does not run) | `WARN` | `claim failed` | `scope`, `key`, `error` |
@@ -35,6 +37,24 @@ use ::tracing::{Level, Span, debug, info, warn};
 
 /// The name of the span of one job call.
 pub const SPAN: &str = "job";
+
+/// The name of the span a durable step's work runs in ([`step`](crate::step())), target
+/// `jobguard`, level `INFO`, with the fields `job`, `key`, `step` and `occurrence`. A step
+/// replayed from its record does not run, and has no span: its `step replayed` event says so.
+pub const STEP_SPAN: &str = "step";
+
+/// The span of one durable step's run.
+pub(crate) fn step_span(job: &str, key: &str, step: &str, occurrence: u32) -> Span {
+    ::tracing::span!(
+        target: "jobguard",
+        Level::INFO,
+        STEP_SPAN,
+        job,
+        key,
+        step,
+        occurrence,
+    )
+}
 
 /// The span of one job call, made the first time it is needed. When no subscriber wants it, that
 /// is remembered, and the rest of the call neither enters nor records it.
@@ -157,6 +177,18 @@ fn record_enabled(event: &Event<'_>) {
             "handed back to the runner",
         ),
         Event::Replayed { scope, key } => info!(target: "jobguard", scope, key, "replayed"),
+        Event::StepRecorded {
+            scope,
+            key,
+            step,
+            occurrence,
+        } => debug!(target: "jobguard", scope, key, step, occurrence, "step recorded"),
+        Event::StepReplayed {
+            scope,
+            key,
+            step,
+            occurrence,
+        } => info!(target: "jobguard", scope, key, step, occurrence, "step replayed"),
         Event::InProgress {
             scope,
             key,

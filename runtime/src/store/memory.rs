@@ -33,18 +33,23 @@
 //!
 //! # How it counts bytes
 //!
-//! A record counts 172 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
+//! A record counts 196 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
 //! and payload (the claim's token while claimed, the result once completed, nothing otherwise):
-//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 262 bytes once
-//! completed, and the default bound holds about a million of them. The 172 bytes are:
+//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 286 bytes once
+//! completed, and the default bound holds about a million of them. The 196 bytes are:
 //!
-//! - 72 for the record's fixed part, which the table holds boxed;
+//! - 96 for the record's fixed part, which the table holds boxed;
 //! - 32 for the allocator's header and rounding on the record's two allocations;
 //! - 36 for its slot in the table (an 8-byte pointer and a control byte), four times over: a
 //!   hash table keeps slots empty, and hashbrown's settles, as records come and go, at between
 //!   about 2.3 and 4.6 slots a record;
 //! - 32 for its entry in an order (16 bytes), twice over: a `VecDeque` keeps spare room, and an
 //!   order may hold a stale entry for a while.
+//!
+//! A job's durable steps ([`Store::record_step`]) are kept in its record while it is claimed or
+//! released, and dropped when it completes: each counts 88 bytes (its place in the record's list,
+//! and the allocator's header on its name's and its value's allocations) plus the lengths of its
+//! name and value; the list's spare room is not counted.
 //!
 //! An estimate, checked against the allocator's own figures by `tests/memory_store_bound.rs`: the
 //! store's memory may be a few percent over it when a table sits at the top of that range. Not
@@ -69,7 +74,10 @@
 //! *stale*, dropped when it comes to the front. Every entry filed pays for two looks at its
 //! order's front, so an order holds about as many stale entries as live ones at most.
 
-use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
+use super::{
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, StepKey, StepRecord, Store, StoreFuture,
+    StoreKey,
+};
 use crate::Error;
 use hashbrown::HashTable;
 use std::collections::VecDeque;
@@ -93,6 +101,10 @@ pub const DEFAULT_MIN_RETENTION: Duration = Duration::from_secs(3600);
 /// [module docs](self#how-it-counts-bytes)).
 const RECORD_OVERHEAD: usize =
     size_of::<Record>() + 2 * 16 + 4 * (size_of::<Box<Record>>() + 1) + 2 * size_of::<Entry>();
+
+/// What a recorded step counts beyond the lengths of its name and value: its place in the
+/// record's steps, and the allocator's header and rounding on its two allocations.
+const STEP_OVERHEAD: usize = size_of::<StepRecord>() + 2 * 16;
 
 /// Entries at the front of each order that an operation filing a record looks at.
 const UPKEEP: usize = 2;
@@ -412,6 +424,37 @@ impl Store for MemoryStore {
             }
         });
         Box::pin(std::future::ready(Ok(info)))
+    }
+
+    /// One operation under the key's shard lock, checked against the claim's token.
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        done(self.with_shard(key, |shard, op| shard.record_step(op, token, step, value)))
+    }
+
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        let steps = self.with_shard(key, |shard, op| shard.steps(op));
+        Box::pin(std::future::ready(Ok(steps)))
+    }
+
+    /// The claim and, when acquired, its key's steps, under one shard lock.
+    fn claim_with_steps<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
+        let claimed = self.with_shard(key, |shard, op| {
+            let claimed = shard.claim(op, token, &options)?;
+            let steps = matches!(claimed, Claimed::Acquired { .. }).then(|| shard.steps(op));
+            Ok((claimed, steps))
+        });
+        Box::pin(std::future::ready(claimed))
     }
 
     /// Marks the key's record expired under its shard lock: every later operation finds the
@@ -734,6 +777,7 @@ impl Shard {
             if options.crashes > 0 && crashes >= options.crashes {
                 self.refile(op, |r| {
                     r.set_payload(&[]);
+                    r.steps = Vec::new();
                     r.state = State::Poisoned {
                         letter_until: lease_end,
                     };
@@ -748,13 +792,17 @@ impl Shard {
             // Expired, history and all: the key is free again.
             op.tally.expired += 1;
         }
-        // The new claim takes the record over, numbered after it.
+        // The new claim takes the record over, numbered after it, with the steps its job
+        // recorded (none once the history expired).
         let generation = record.generation.saturating_add(1);
+        let live = record.expires > now;
         let fresh = fresh()?;
         self.refile(op, |r| {
+            let steps = std::mem::take(&mut r.steps);
             *r = Record {
                 generation,
                 crashes,
+                steps: if live { steps } else { Vec::new() },
                 ..fresh
             }
         });
@@ -778,6 +826,7 @@ impl Shard {
         let expires = op.now.saturating_add(nanos(ttl));
         self.refile(op, |r| {
             r.set_payload(result);
+            r.steps = Vec::new();
             (r.state, r.expires) = (State::Completed, expires);
         });
         // The result is kept whatever the room; older records make room for it if they can. A
@@ -828,10 +877,59 @@ impl Shard {
             State::Poisoned { .. } | State::Claimed { .. } => {
                 self.refile(op, |r| {
                     r.crashes = 0;
+                    r.steps = Vec::new();
                     r.free();
                 });
                 true
             }
+        }
+    }
+
+    /// Records `value` as `step` of the job whose claim `token` holds ([`Store::record_step`]),
+    /// in the key's record: kept whatever the room, as a result is; older records make room
+    /// for it if they can.
+    fn record_step(
+        &mut self,
+        op: &mut Op<'_>,
+        token: &str,
+        step: StepKey<'_>,
+        value: &[u8],
+    ) -> Result<(), Error> {
+        let record = (self.records.find_mut(op.hash, op.key))
+            .filter(|r| r.held_by(token, op.now))
+            .ok_or(Error::LeaseLost)?;
+        // A step recorded again is most often the last one recorded.
+        let same = |s: &StepRecord| s.occurrence == step.occurrence && s.name == step.name;
+        match record.steps.iter_mut().rev().find(|s| same(s)) {
+            Some(kept) => {
+                self.bytes = self.bytes - kept.value.len() + value.len();
+                kept.value = value.to_vec();
+            }
+            None => {
+                self.bytes += STEP_OVERHEAD + step.name.len() + value.len();
+                let new = StepRecord::new(step.name, step.occurrence, value.to_vec());
+                record.steps.push(new);
+            }
+        }
+        let limits = Limits {
+            min_retention: op.limits.min_retention.max(1),
+            ..op.limits
+        };
+        self.make_room(0, 0, limits, op.now, &mut op.tally);
+        Ok(())
+    }
+
+    /// The steps a claim of the key would resume from ([`Store::steps`]): a live claim's or a
+    /// released key's.
+    fn steps(&self, op: &Op<'_>) -> Vec<StepRecord> {
+        match self.records.find(op.hash, op.key) {
+            Some(r)
+                if r.expires > op.now
+                    && matches!(r.state, State::Claimed { .. } | State::Released) =>
+            {
+                r.steps.clone()
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -1199,6 +1297,8 @@ struct Record {
     /// The stamp of its entry in its order: for a completed record, when it completed.
     stamp: u64,
     state: State,
+    /// The steps its job recorded ([`Store::record_step`]), while claimed or released.
+    steps: Vec<StepRecord>,
 }
 
 /// [`Record::fp_len`] of a record claimed without a fingerprint.
@@ -1237,12 +1337,17 @@ impl Record {
             expires: keep.max(lease_end),
             stamp: 0,
             state: State::Claimed { lease_end },
+            steps: Vec::new(),
         })
     }
 
     /// What the record counts against the bound (see the [module docs](self#how-it-counts-bytes)).
     fn bytes(&self) -> usize {
-        RECORD_OVERHEAD + self.data.len()
+        let steps = self
+            .steps
+            .iter()
+            .map(|s| STEP_OVERHEAD + s.name.len() + s.value.len());
+        RECORD_OVERHEAD + self.data.len() + steps.sum::<usize>()
     }
 
     /// The scope and the key, as [`MemoryStore`] hashes them.

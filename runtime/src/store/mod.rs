@@ -40,6 +40,16 @@
 //!
 //! A fingerprint (a digest of the arguments) is kept with a claim and a completed record: a
 //! claim with another one finds [`Claimed::KeyReused`].
+//!
+//! # Durable steps
+//!
+//! A job's steps ([`crate::step()`]) live in its record: recorded by the claim's holder alone
+//! ([`Store::record_step`], a compare-and-set on the token like `complete`), kept through a
+//! release and a takeover, returned with the next acquired claim
+//! ([`Store::claim_with_steps`], or read with [`Store::steps`]), and dropped when the job
+//! completes, is forgiven or forgotten, or its history expires. The three methods have
+//! defaults: a store that leaves them keeps no steps, and a step inside a job on it fails
+//! with [`Error::Config`](crate::Error::Config) before it runs.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -398,6 +408,108 @@ pub trait Store: Send + Sync {
             "this store does not implement Store::forget".into(),
         ))))
     }
+
+    // Durable steps (`#[jobguard::step]`): the job's steps live with its record.
+
+    /// Records `value` as `step` of the job whose claim `token` holds, replacing a value
+    /// recorded for that step before. Only while `token` holds a live claim on `key` (the same
+    /// compare-and-set as [`complete`](Store::complete)): otherwise
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost), and nothing is recorded, so a worker whose
+    /// lease was taken over cannot record a step for its successor.
+    ///
+    /// The steps of a key live and die with its record: kept through a
+    /// [`release`](Store::release) and a takeover (the next claim resumes from them), dropped
+    /// by [`complete`](Store::complete), [`forgive`](Store::forgive) and
+    /// [`forget`](Store::forget), and when the key's history expires. A store that keeps no
+    /// steps leaves this default, [`Error::Config`](crate::Error::Config): a step inside a job
+    /// on it fails before it runs.
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        let _ = (key, token, step, value);
+        Box::pin(std::future::ready(Err(no_steps())))
+    }
+
+    /// The steps recorded for `key`'s job ([`record_step`](Store::record_step)) that a claim
+    /// would resume from: those of a claimed or released key; none for a key that is free
+    /// without history, completed, poisoned or expired. In any order. The default is
+    /// [`Error::Config`](crate::Error::Config): a store that keeps no steps.
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(no_steps())))
+    }
+
+    /// [`claim`](Store::claim), and when the claim is [`Acquired`](Claimed::Acquired), the
+    /// steps recorded for the key ([`steps`](Store::steps)) read with it, so that a resumed job
+    /// learns them in the claim's round trip. `None` for the steps: not read here (a store that
+    /// keeps this default, which claims, then leaves the steps to be read with
+    /// [`steps`](Store::steps) when the job reaches its first step), or not acquired.
+    fn claim_with_steps<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
+        Box::pin(async move { Ok((self.claim(key, token, options).await?, None)) })
+    }
+}
+
+/// The error of a store that keeps no durable steps.
+fn no_steps() -> crate::Error {
+    crate::Error::Config(
+        "this store does not keep durable steps (Store::record_step and Store::steps); a \
+         #[jobguard::step] inside a job needs one that does, such as MemoryStore, RedisStore or \
+         PgStore"
+            .into(),
+    )
+}
+
+/// The longest step name a store keeps, in bytes: a longer one is refused with
+/// [`Error::Config`](crate::Error::Config) before the step runs (see [`crate::step()`]).
+pub const MAX_STEP_NAME: usize = 200;
+
+/// One durable step of a job, as a store files it: the step's name and its occurrence (the
+/// n-th call of that name within one run of the job is occurrence n, from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StepKey<'a> {
+    /// The step's name: `#[step(name = "...")]`, by default the function's name.
+    pub name: &'a str,
+    /// Which call of that name within one run of the job, from 1.
+    pub occurrence: u32,
+}
+
+/// A step's recorded value, as [`Store::steps`] and [`Store::claim_with_steps`] return it.
+///
+/// ```
+/// use jobguard::store::StepRecord;
+///
+/// let step = StepRecord::new("capture.v1", 1, br#"{"v":1,"ok":42}"#.to_vec());
+/// assert_eq!((step.name.as_str(), step.occurrence), ("capture.v1", 1));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepRecord {
+    /// The step's name.
+    pub name: String,
+    /// Which call of that name within one run of the job, from 1.
+    pub occurrence: u32,
+    /// The bytes [`Store::record_step`] was given, opaque to the store.
+    pub value: Vec<u8>,
+}
+
+impl StepRecord {
+    /// The record of occurrence `occurrence` of the step `name`.
+    pub fn new(name: impl Into<String>, occurrence: u32, value: Vec<u8>) -> Self {
+        StepRecord {
+            name: name.into(),
+            occurrence,
+            value,
+        }
+    }
 }
 
 /// Forwards every method to the store behind the pointer.
@@ -446,6 +558,26 @@ macro_rules! forward_store {
             }
             fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
                 (**self).forget(key)
+            }
+            fn record_step<'a>(
+                &'a self,
+                key: StoreKey<'a>,
+                token: &'a str,
+                step: StepKey<'a>,
+                value: &'a [u8],
+            ) -> StoreFuture<'a, ()> {
+                (**self).record_step(key, token, step, value)
+            }
+            fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+                (**self).steps(key)
+            }
+            fn claim_with_steps<'a>(
+                &'a self,
+                key: StoreKey<'a>,
+                token: &'a str,
+                options: ClaimOptions<'a>,
+            ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
+                (**self).claim_with_steps(key, token, options)
             }
         }
     )*};

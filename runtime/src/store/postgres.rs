@@ -73,6 +73,14 @@
 //! build's calls of keys this build released to fail (not to run twice) until it is gone. For the
 //! Redis store's records, see its module docs.
 //!
+//! **Durable steps** ([`Store::record_step`]) are rows of `jobguard_steps`, also created by the
+//! migration: `(scope, key, step, occurrence)` as the primary key (the key's columns as in
+//! `jobguard_keys`) and the step's `value`. A step is inserted from the claim's row, locked
+//! `FOR SHARE`, while the token holds it, so a takeover and a late step of the worker it took
+//! over from are ordered. The claim's statement returns the job's steps with an acquired claim
+//! (one round trip), and drops those of a row that had expired; `complete`, `forgive`, `forget`
+//! and [`PgStore::purge_expired`] drop a key's steps in the statement that changes its row.
+//!
 //! Postgres `text` cannot hold a NUL byte, and a B-tree entry is limited to about 2.7 kB, so
 //! [`PgStore::row_key`] writes:
 //!
@@ -117,7 +125,10 @@
 //!   (2 s with [`PgStore::connect`]), and the job does not run: fail closed. The pool opens new
 //!   connections when the server is back.
 
-use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
+use super::{
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, StepKey, StepRecord, Store, StoreFuture,
+    StoreKey,
+};
 use crate::Error;
 use crate::store::record::{
     DEFAULT_LEASE, DEFAULT_TTL, decode, encode_replayable, key_reused, new_token, settled,
@@ -201,6 +212,14 @@ BEGIN
     END IF;
 END
 $$;
+CREATE TABLE IF NOT EXISTS jobguard_steps (
+    scope      text    NOT NULL,
+    key        text    NOT NULL,
+    step       text    NOT NULL,
+    occurrence integer NOT NULL,
+    value      bytea   NOT NULL,
+    PRIMARY KEY (scope, key, step, occurrence)
+);
 CREATE TABLE IF NOT EXISTS jobguard_dead_letters (
     id         bigserial   PRIMARY KEY,
     job        text        NOT NULL,
@@ -270,12 +289,12 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
     pub async fn purge_expired(&self) -> Result<u64, Error> {
         let mut total = 0;
         loop {
-            let deleted = sqlx::query(PURGE)
+            let (deleted,): (i64,) = sqlx::query_as(PURGE)
                 .bind(PURGE_BATCH)
-                .execute(&self.pool)
+                .fetch_one(&self.pool)
                 .await
-                .map_err(|e| store_error("purge failed", &e))?
-                .rows_affected();
+                .map_err(|e| store_error("purge failed", &e))?;
+            let deleted = u64::try_from(deleted).unwrap_or(0);
             total += deleted;
             if deleted < PURGE_BATCH as u64 {
                 return Ok(total);
@@ -423,7 +442,7 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
         key: StoreKey<'_>,
         token: &str,
         options: ClaimOptions<'_>,
-    ) -> Result<Claimed, Error> {
+    ) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
         let (scope, stored) = Self::row_key(key);
         let limit = i32::try_from(options.crashes).unwrap_or(i32::MAX);
         // A row read from a snapshot older than a concurrent claim's commit can be missing or
@@ -450,28 +469,35 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
             let crashes = u32::try_from(crashes).unwrap_or(u32::MAX);
             match (state, wait) {
                 (0, _) => {
-                    return Ok(Claimed::Acquired {
+                    let names: Option<Vec<String>> = row.try_get(5).map_err(fail)?;
+                    let numbers: Option<Vec<i32>> = row.try_get(6).map_err(fail)?;
+                    let values: Option<Vec<Vec<u8>>> = row.try_get(7).map_err(fail)?;
+                    let steps = (names.unwrap_or_default().into_iter())
+                        .zip(numbers.unwrap_or_default())
+                        .zip(values.unwrap_or_default())
+                        .map(|((name, n), value)| StepRecord::new(name, occurrence(n), value))
+                        .collect();
+                    let acquired = Claimed::Acquired {
                         generation: u64::try_from(generation).unwrap_or(0),
                         crashes,
-                    });
+                    };
+                    return Ok((acquired, Some(steps)));
                 }
                 (4, _) => {
-                    return Ok(Claimed::Poisoned {
-                        crashes,
-                        letter: Letter::Yours,
-                    });
+                    let letter = Letter::Yours;
+                    return Ok((Claimed::Poisoned { crashes, letter }, None));
                 }
-                (3, Some(w)) if w > 0 => return Ok(Claimed::KeyReused),
+                (3, Some(w)) if w > 0 => return Ok((Claimed::KeyReused, None)),
                 (1, Some(w)) if w > 0 => {
                     let result: Option<Vec<u8>> = row.try_get(2).map_err(fail)?;
-                    return result.map(Claimed::Completed).ok_or_else(|| {
+                    let completed = result.map(Claimed::Completed).ok_or_else(|| {
                         Error::Corrupt("a completed idempotency row without a result".into())
-                    });
+                    })?;
+                    return Ok((completed, None));
                 }
                 (2, Some(w)) if w > 0 => {
-                    return Ok(Claimed::InProgress {
-                        retry_in: Duration::from_micros(w as u64),
-                    });
+                    let retry_in = Duration::from_micros(w as u64);
+                    return Ok((Claimed::InProgress { retry_in }, None));
                 }
                 (5, Some(w)) if w > 0 => {
                     // Poisoned before: the letter role, if no letter is confirmed and no other
@@ -488,7 +514,7 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
                         2 => Letter::Held,
                         _ => Letter::Written,
                     };
-                    return Ok(Claimed::Poisoned { crashes, letter });
+                    return Ok((Claimed::Poisoned { crashes, letter }, None));
                 }
                 // Free, lapsed or expired in the snapshot, but not taken over: a concurrent
                 // renewal or claim.
@@ -519,6 +545,11 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
             .map_err(|e| store_error(what, &e))?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// A step's occurrence as the table keeps it (`integer`).
+fn occurrence(n: i32) -> u32 {
+    u32::try_from(n).unwrap_or(0)
 }
 
 /// A lease or TTL in microseconds for the statements: at least 1, and within what `interval`
@@ -559,8 +590,14 @@ const FREE: &str = "(k.expires_at <= now() \
 // $1 scope, $2 key, $3 token, $4 fingerprint, $5 lease in µs, $6 TTL in µs, $7 crash limit (0:
 // none). One row: the state (0 acquired, 1 completed, 2 claimed, 3 reused, 4 poisoned by this
 // claim, 5 poisoned before, 6 free or lapsed but not taken: run again), the µs left on the
-// lease (claimed) or the row (otherwise), the result when completed, the generation and the
-// crash count. No row when the conflicting row is not in the statement's snapshot.
+// lease (claimed) or the row (otherwise), the result when completed, the generation, the crash
+// count, and the job's steps (names, occurrences and values, in three arrays of one order, or
+// NULL for none). No row when the conflicting row is not in the statement's snapshot.
+// The steps of a row that had expired (or of a key without a row: left by a purge that raced a
+// step, or a table emptied by hand) are not its job's: they are dropped, as they are when the
+// claim poisons the key. A step recorded by the previous holder in the instant its lease
+// ended may commit after this statement's snapshot was taken; it is then not returned, and
+// the step runs again (the holder had let its lease lapse).
 static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let poison = format!("($7::integer > 0 AND {CRASHES_AFTER} >= $7::integer)");
     format!(
@@ -584,9 +621,22 @@ WITH taken AS (
             poisoned = {poison}
         WHERE {FREE}
     RETURNING k.poisoned, k.generation, k.crashes
+), old AS (
+    SELECT k.expires_at <= now() AS expired FROM jobguard_keys k
+    WHERE k.scope = $1 AND k.key = $2
+), dropped AS (
+    DELETE FROM jobguard_steps s
+    WHERE s.scope = $1 AND s.key = $2
+      AND ((SELECT expired FROM old) IS NOT FALSE OR (SELECT poisoned FROM taken))
+), steps AS (
+    SELECT s.step, s.occurrence, s.value FROM jobguard_steps s
+    WHERE s.scope = $1 AND s.key = $2 AND (SELECT expired FROM old) IS FALSE
 )
 SELECT CASE WHEN poisoned THEN 4 ELSE 0 END, NULL::bigint, NULL::bytea, generation,
-       crashes::bigint
+       crashes::bigint,
+       (SELECT array_agg(step ORDER BY step, occurrence) FROM steps),
+       (SELECT array_agg(occurrence ORDER BY step, occurrence) FROM steps),
+       (SELECT array_agg(value ORDER BY step, occurrence) FROM steps)
 FROM taken
 UNION ALL
 SELECT CASE WHEN k.expires_at <= now() THEN 6
@@ -600,19 +650,45 @@ SELECT CASE WHEN k.expires_at <= now() THEN 6
        floor(extract(epoch FROM CASE WHEN k.poisoned THEN k.expires_at
                                      ELSE coalesce(k.lease_ends_at, k.expires_at) END
                      - now()) * 1000000)::bigint,
-       k.result, k.generation, k.crashes::bigint
+       k.result, k.generation, k.crashes::bigint, NULL::text[], NULL::integer[], NULL::bytea[]
 FROM jobguard_keys k
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)
 "#
     )
 });
 
-// $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs.
+// $1 scope, $2 key, $3 token, $4 result, $5 ttl in µs. The job's steps go: one row when the
+// token held the claim.
 const COMPLETE: &str = r#"
-UPDATE jobguard_keys
-SET token = NULL, result = $4, lease_ends_at = NULL,
-    expires_at = now() + $5::bigint * interval '1 microsecond'
-WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
+WITH done AS (
+    UPDATE jobguard_keys
+    SET token = NULL, result = $4, lease_ends_at = NULL,
+        expires_at = now() + $5::bigint * interval '1 microsecond'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
+    RETURNING 1
+), dropped AS (
+    DELETE FROM jobguard_steps WHERE scope = $1 AND key = $2 AND EXISTS (SELECT 1 FROM done)
+)
+SELECT 1 FROM done
+"#;
+
+// $1 scope, $2 key, $3 token, $4 step, $5 occurrence, $6 value. While the token holds the
+// claim, whose row it locks against a concurrent takeover: one row inserted or updated.
+const RECORD_STEP: &str = r#"
+INSERT INTO jobguard_steps AS s (scope, key, step, occurrence, value)
+SELECT k.scope, k.key, $4, $5, $6 FROM jobguard_keys k
+WHERE k.scope = $1 AND k.key = $2 AND k.token = $3
+  AND coalesce(k.lease_ends_at, k.expires_at) > now()
+FOR SHARE
+ON CONFLICT (scope, key, step, occurrence) DO UPDATE SET value = excluded.value
+"#;
+
+// $1 scope, $2 key: the job's steps while its row is a claim or a released row, not expired.
+const STEPS: &str = r#"
+SELECT s.step, s.occurrence, s.value FROM jobguard_steps s
+JOIN jobguard_keys k ON k.scope = s.scope AND k.key = s.key
+WHERE s.scope = $1 AND s.key = $2
+  AND k.expires_at > now() AND k.result IS NULL AND NOT k.poisoned
 "#;
 
 // $1 scope, $2 key, $3 token. The in-transaction form's release, inside its own transaction: the
@@ -654,14 +730,20 @@ WHERE scope = $1 AND key = $2 AND poisoned AND NOT lettered
 // becomes a released row without crashes (its generation, fingerprint and `expires_at` kept); a
 // released row's count goes back to 0. A completed row, a live claim and an expired row (whose
 // history the next claim drops anyway) are not touched. One row updated when something was
-// cleared. A claim that races it either commits first (and the `WHERE` is checked again on
+// cleared, and the job's steps go with it. A claim that races it either commits first (and the `WHERE` is checked again on
 // the row it wrote) or waits for this one.
 const FORGIVE: &str = r#"
-UPDATE jobguard_keys
-SET token = NULL, lease_ends_at = NULL, poisoned = false, crashes = 0
-WHERE scope = $1 AND key = $2 AND expires_at > now() AND result IS NULL
-  AND (token IS NULL OR coalesce(lease_ends_at, expires_at) <= now())
-  AND (poisoned OR crashes > 0 OR token IS NOT NULL)
+WITH forgiven AS (
+    UPDATE jobguard_keys
+    SET token = NULL, lease_ends_at = NULL, poisoned = false, crashes = 0
+    WHERE scope = $1 AND key = $2 AND expires_at > now() AND result IS NULL
+      AND (token IS NULL OR coalesce(lease_ends_at, expires_at) <= now())
+      AND (poisoned OR crashes > 0 OR token IS NOT NULL)
+    RETURNING 1
+), dropped AS (
+    DELETE FROM jobguard_steps WHERE scope = $1 AND key = $2 AND EXISTS (SELECT 1 FROM forgiven)
+)
+SELECT 1 FROM forgiven
 "#;
 
 // $1 scope, $2 key: the row while it has not expired, with the microseconds left on a claim's
@@ -671,9 +753,15 @@ const INSPECT: &str = "SELECT token IS NOT NULL AS claimed, poisoned, result, ge
        * 1000000))::bigint AS lease_us \
      FROM jobguard_keys WHERE scope = $1 AND key = $2 AND expires_at > now()";
 
-// $1 scope, $2 key: the row gone, and whether it had not expired.
-const FORGET: &str =
-    "DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 RETURNING expires_at > now()";
+// $1 scope, $2 key: the row gone with its steps, and whether it had not expired.
+const FORGET: &str = r#"
+WITH gone AS (
+    DELETE FROM jobguard_keys WHERE scope = $1 AND key = $2 RETURNING expires_at > now() AS live
+), dropped AS (
+    DELETE FROM jobguard_steps WHERE scope = $1 AND key = $2
+)
+SELECT live FROM gone
+"#;
 
 // $1 scope, $2 key, $3 token, $4 lease in µs. The row lives at least as long as the lease.
 const RENEW: &str = r#"
@@ -685,15 +773,21 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires
 
 // $1 batch size.
 const PURGE: &str = r#"
-DELETE FROM jobguard_keys
-WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM jobguard_keys
-    WHERE token IS NULL AND expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-))
-AND token IS NULL AND expires_at <= now()
+WITH gone AS (
+    DELETE FROM jobguard_keys
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM jobguard_keys
+        WHERE token IS NULL AND expires_at <= now()
+        ORDER BY expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ))
+    AND token IS NULL AND expires_at <= now()
+    RETURNING scope, key
+), dropped AS (
+    DELETE FROM jobguard_steps s USING gone g WHERE s.scope = g.scope AND s.key = g.key
+)
+SELECT count(*) FROM gone
 "#;
 
 impl Store for PgStore {
@@ -703,7 +797,57 @@ impl Store for PgStore {
         token: &'a str,
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
+        Box::pin(async move { Ok(self.claim_counted(key, token, options).await?.0) })
+    }
+
+    /// The claim's statement reads the job's steps: one round trip.
+    fn claim_with_steps<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
         Box::pin(self.claim_counted(key, token, options))
+    }
+
+    /// One `INSERT ... SELECT` from the claim's row, locked, while `token` holds it.
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let occurrence = i32::try_from(step.occurrence).map_err(|_| {
+                Error::Config(format!("step occurrence {} out of range", step.occurrence))
+            })?;
+            let held = self
+                .if_held(
+                    RECORD_STEP,
+                    key,
+                    token,
+                    |q| q.bind(step.name).bind(occurrence).bind(value),
+                    "record step failed",
+                )
+                .await?;
+            if held { Ok(()) } else { Err(Error::LeaseLost) }
+        })
+    }
+
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let rows: Vec<(String, i32, Vec<u8>)> = sqlx::query_as(STEPS)
+                .bind(&*scope)
+                .bind(&*stored)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| store_error("steps failed", &e))?;
+            Ok((rows.into_iter())
+                .map(|(name, n, value)| StepRecord::new(name, occurrence(n), value))
+                .collect())
+        })
     }
 
     fn complete<'a>(

@@ -147,7 +147,10 @@
 //! [`RedisStore::connect`] asks the server (`CONFIG GET maxmemory*`) and logs a warning, once
 //! per process, when its settings can evict claims; it stays quiet when `CONFIG` is disabled.
 
-use super::{ClaimOptions, Claimed, KeyInfo, KeyState, Letter, Store, StoreFuture, StoreKey};
+use super::{
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, StepKey, StepRecord, Store, StoreFuture,
+    StoreKey,
+};
 use crate::Error;
 use crate::classify::{Transient, Verdict};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -213,8 +216,11 @@ pub(crate) fn eviction_risk(maxmemory: &str, policy: &str) -> Option<&'static st
 /// The longest key stored verbatim, in bytes; longer ones are hashed.
 pub const MAX_VERBATIM_KEY: usize = 200;
 
-/// The prefix of every key the store writes.
+/// The prefix of every key that holds a record ([`RedisStore::redis_key`]).
 pub const KEY_PREFIX: &str = "jobguard:";
+
+/// The prefix of every key that holds a job's durable steps ([`RedisStore::steps_key`]).
+pub const STEPS_PREFIX: &str = "jobguard-steps:";
 
 /// An idempotency [`Store`] on Redis: one server through the `redis` crate's connection manager,
 /// or a Redis Cluster through its cluster connection.
@@ -486,13 +492,54 @@ impl RedisStore {
         out
     }
 
+    /// The Redis key that holds the durable steps of the job whose record is at `record` (a
+    /// [`redis_key`](Self::redis_key)): `jobguard-steps:{<slot>}:<record>`, where `<slot>` is
+    /// what Redis Cluster hashes of `record` (its hash tag, the text between its first `{` and
+    /// the first `}` after it, when that is not empty; else the whole key), so that a job's
+    /// steps are in its record's slot and one script reads or writes both. `None` for a record
+    /// key without a hash tag that holds a `}`, which no hash tag can put in its slot: such a
+    /// job keeps no steps (its steps fail with [`Error::Config`] before they run).
+    ///
+    /// ```
+    /// use jobguard::store::redis::RedisStore;
+    ///
+    /// assert_eq!(
+    ///     RedisStore::steps_key("jobguard:shop.checkout:order-7").as_deref(),
+    ///     Some("jobguard-steps:{jobguard:shop.checkout:order-7}:jobguard:shop.checkout:order-7")
+    /// );
+    /// assert_eq!(
+    ///     RedisStore::steps_key("jobguard:s:{tenant-1}:order-7").as_deref(),
+    ///     Some("jobguard-steps:{tenant-1}:jobguard:s:{tenant-1}:order-7")
+    /// );
+    /// assert_eq!(RedisStore::steps_key("jobguard:s:a}b"), None);
+    /// ```
+    pub fn steps_key(record: &str) -> Option<String> {
+        let slot = match hash_tag(record) {
+            Some(tag) => tag,
+            None if !record.contains('}') => record,
+            None => return None,
+        };
+        Some(format!("{STEPS_PREFIX}{{{slot}}}:{record}"))
+    }
+
+    /// A script's invocation on `key`'s record, and on its steps when it has a steps key.
+    fn invocation<'s>(script: &'s Script, key: StoreKey<'_>) -> redis::ScriptInvocation<'s> {
+        let record = Self::redis_key(key);
+        let steps = Self::steps_key(&record);
+        let mut call = script.key(record);
+        if let Some(steps) = steps {
+            call.key(steps);
+        }
+        call
+    }
+
     async fn claim_counted(
         &self,
         key: StoreKey<'_>,
         token: &str,
         options: ClaimOptions<'_>,
-    ) -> Result<Claimed, Error> {
-        let mut call = CLAIM.key(Self::redis_key(key));
+    ) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
+        let mut call = Self::invocation(&CLAIM, key);
         call.arg(Field(Some(token)).to_string())
             .arg(Field(options.fingerprint).to_string())
             .arg(millis(options.lease))
@@ -515,7 +562,7 @@ impl RedisStore {
         args: &[&[u8]],
         what: &str,
     ) -> Result<bool, Error> {
-        let mut call = script.key(Self::redis_key(key));
+        let mut call = Self::invocation(script, key);
         call.arg(format!("{CLAIMED}{}", Field(Some(token))));
         for a in args {
             call.arg(*a);
@@ -547,6 +594,15 @@ impl RedisStore {
             }
         }
     }
+}
+
+/// What Redis Cluster hashes of `key` when it has a hash tag: the text between its first `{` and
+/// the first `}` after it, when that is not empty.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
 }
 
 /// A cluster's answer that the command belongs elsewhere or must wait for a migration: the
@@ -597,17 +653,31 @@ fn corrupt(why: &Value) -> Error {
     })
 }
 
-fn decode_claim(reply: Value) -> Result<Claimed, Error> {
+/// The claim script's reply, with the steps an acquired claim read (none for a fresh key).
+fn decode_claim(reply: Value) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
     let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
     let Value::Array(items) = &reply else {
         return Err(unexpected(&reply));
     };
     let count = |n: &i64| u32::try_from(*n).unwrap_or(u32::MAX);
+    let acquired = |generation: &i64, crashes: &i64| Claimed::Acquired {
+        generation: u64::try_from(*generation).unwrap_or(0),
+        crashes: count(crashes),
+    };
     match items.as_slice() {
-        [Value::Int(0), Value::Int(generation), Value::Int(crashes)] => Ok(Claimed::Acquired {
-            generation: u64::try_from(*generation).unwrap_or(0),
-            crashes: count(crashes),
-        }),
+        [Value::Int(0), Value::Int(g), Value::Int(c)] => Ok((acquired(g, c), Some(Vec::new()))),
+        [Value::Int(0), Value::Int(g), Value::Int(c), steps] => {
+            Ok((acquired(g, c), Some(decode_steps(steps)?)))
+        }
+        _ => decode_refusal(&reply, items).map(|claimed| (claimed, None)),
+    }
+}
+
+/// The claim script's reply when the claim was not acquired.
+fn decode_refusal(reply: &Value, items: &[Value]) -> Result<Claimed, Error> {
+    let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
+    let count = |n: &i64| u32::try_from(*n).unwrap_or(u32::MAX);
+    match items {
         [Value::Int(1), Value::BulkString(record)] => Ok(Claimed::Completed(record.clone())),
         [Value::Int(2), Value::Int(ms)] => Ok(Claimed::InProgress {
             retry_in: Duration::from_millis((*ms).max(0) as u64),
@@ -622,8 +692,41 @@ fn decode_claim(reply: Value) -> Result<Claimed, Error> {
                 _ => Letter::Written,
             },
         }),
-        _ => Err(unexpected(&reply)),
+        _ => Err(unexpected(reply)),
     }
+}
+
+/// A steps hash as `HGETALL` gives it: fields `<occurrence>:<name>`, each followed by its
+/// value. A field this build cannot read is [`Error::Corrupt`].
+fn decode_steps(reply: &Value) -> Result<Vec<StepRecord>, Error> {
+    let bytes = |v: &Value| match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    };
+    let pairs: Vec<&Value> = match reply {
+        Value::Array(items) => items.iter().collect(),
+        Value::Map(items) => items.iter().flat_map(|(k, v)| [k, v]).collect(),
+        other => return Err(Error::Store(format!("unexpected steps reply: {other:?}"))),
+    };
+    let mut steps = Vec::with_capacity(pairs.len() / 2);
+    for pair in pairs.chunks(2) {
+        let [field, value] = pair else {
+            return Err(Error::Store("a steps reply of odd length".into()));
+        };
+        let (Some(field), Some(value)) = (bytes(field), bytes(value)) else {
+            return Err(Error::Store(format!("unexpected steps reply: {reply:?}")));
+        };
+        let field = String::from_utf8_lossy(&field);
+        let parsed = field
+            .split_once(':')
+            .and_then(|(n, name)| Some((n.parse::<u32>().ok()?, name)));
+        let Some((occurrence, name)) = parsed else {
+            return Err(Error::Corrupt(format!("a step field {field:?}")));
+        };
+        steps.push(StepRecord::new(name, occurrence, value));
+    }
+    Ok(steps)
 }
 
 /// Installs rustls' `ring` provider as the process default unless one is installed already, so
@@ -655,9 +758,11 @@ end
 local function num(n) return string.format('%d', n) end
 "#;
 
-// KEYS[1]: the record. ARGV: the token's field, the fingerprint field, lease in ms, TTL in ms,
-// crash limit (0: none), the longer of TTL and lease in ms (the claim's expiry).
-// Returns {0, generation, crashes} acquired, {1, result} completed, {2, ms left} in progress,
+// KEYS[1]: the record, KEYS[2] (when the key has one) its steps. ARGV: the token's field, the
+// fingerprint field, lease in ms, TTL in ms, crash limit (0: none), the longer of TTL and lease
+// in ms (the claim's expiry).
+// Returns {0, generation, crashes} acquired (a fresh key), {0, generation, crashes, steps} acquired
+// with the steps hash's fields and values, {1, result} completed, {2, ms left} in progress,
 // {3} reused, {4, why} corrupt, {5, crashes, letter} poisoned (letter: 1 this claim holds the
 // letter role, 2 another claimer holds it, 0 the letter is confirmed).
 // A poisoned key is `jg2/q<generation>:<crashes>:<ms>` while its letter is not confirmed (the
@@ -674,6 +779,8 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease_end = string.format('%d', now + ARGV[3])
 if redis.call('SET', KEYS[1], 'jg2/c' .. ARGV[1] .. ARGV[2] .. '1:0:' .. lease_end, 'NX', 'PX',
     ARGV[6]) then
+  -- A fresh key: the steps of an expired record, if any outlived it, are not its.
+  if KEYS[2] then redis.call('DEL', KEYS[2]) end
   return {0, 1, 0}
 end
 "#,
@@ -682,7 +789,13 @@ local limit = tonumber(ARGV[5])
 local function claim(generation, crashes)
   redis.call('SET', KEYS[1], 'jg2/c' .. ARGV[1] .. ARGV[2] .. num(generation) .. ':' ..
     num(crashes) .. ':' .. lease_end, 'PX', ARGV[6])
-  return {0, generation, crashes}
+  if not KEYS[2] then return {0, generation, crashes} end
+  -- The job's steps live as long as its record, and come back with the claim.
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  return {0, generation, crashes, redis.call('HGETALL', KEYS[2])}
+end
+local function poisoned()
+  if KEYS[2] then redis.call('DEL', KEYS[2]) end
 end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then
@@ -721,6 +834,7 @@ if state == 'c' then
   if limit > 0 and crashes >= limit then
     redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. num(crashes) .. ':' .. lease_end, 'PX',
       ARGV[4])
+    poisoned()
     return {5, crashes, 1}
   end
   return claim(tonumber(g) + 1, crashes)
@@ -746,6 +860,7 @@ if version == '2' and (state == 'f' or state == 'p') then
   if state == 'p' then return {5, crashes, 0} end
   if limit > 0 and crashes >= limit then
     redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. c .. ':' .. lease_end, 'PX', ARGV[4])
+    poisoned()
     return {5, crashes, 1}
   end
   return claim(tonumber(g) + 1, crashes)
@@ -777,13 +892,15 @@ if tonumber(e) <= now then return 0 end
     };
 }
 
-// ARGV: claim prefix, result, ttl in ms. Keeps the fingerprint with the result.
+// ARGV: claim prefix, result, ttl in ms. Keeps the fingerprint with the result; the job's steps
+// (KEYS[2]) go.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{FIELD}{}",
         held!(
             r#"
 redis.call('SET', KEYS[1], 'jg1/d' .. fp .. ARGV[2], 'PX', ARGV[3])
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 return 1
 "#
         )
@@ -810,8 +927,9 @@ return {1, string.sub(v, i)}
     ))
 });
 
-// KEYS[1]: the record. Forgives the key's crashes: a poisoned key, or a claim whose lease
-// ended, becomes a released key without crashes (its generation and expiry kept); a released
+// KEYS[1]: the record, KEYS[2] its steps. Forgives the key's crashes: a poisoned key, or a claim
+// whose lease ended, becomes a released key without crashes (its generation and expiry kept,
+// its steps dropped); a released
 // key's count goes back to 0. Returns {1} when it cleared a crash or a poisoned key, {0} when
 // there was nothing to clear (no record, a completed one, a live claim, a released key without
 // crashes, a version-1 claim: live while it exists), {4, why} for a record this build cannot
@@ -857,6 +975,7 @@ else
   return {4, 'unknown record state ' .. state .. ' in version 2'}
 end
 redis.call('SET', KEYS[1], 'jg2/f' .. g .. ':0', 'KEEPTTL')
+if KEYS[2] then redis.call('DEL', KEYS[2]) end
 return {1}
 "#
     ))
@@ -948,10 +1067,40 @@ local lease = tonumber(ARGV[2])
 local keep = math.max(redis.call('PTTL', KEYS[1]), lease)
 redis.call('SET', KEYS[1], string.sub(v, 1, i - 1) .. g .. ':' .. c .. ':' .. num(now + lease),
   'PX', num(keep))
+if KEYS[2] then redis.call('PEXPIRE', KEYS[2], num(keep)) end
 return 1
 "#
         )
     ))
+});
+
+// KEYS[1]: the record, KEYS[2]: its steps. ARGV: claim prefix, the step's field
+// (`<occurrence>:<name>`), its value. The steps hash expires with the record.
+static RECORD_STEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FIELD}{}",
+        held!(
+            r#"
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], math.max(redis.call('PTTL', KEYS[1]), 1))
+return 1
+"#
+        )
+    ))
+});
+
+// KEYS[1]: the record, KEYS[2]: its steps. The steps' fields and values while the record is a
+// claim (of either version) or a released key; none otherwise.
+static STEPS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then return {} end
+local head = string.sub(v, 1, 5)
+if head ~= 'jg2/c' and head ~= 'jg2/f' and head ~= 'jg1/c' then return {} end
+return redis.call('HGETALL', KEYS[2])
+"#,
+    )
 });
 
 impl Store for RedisStore {
@@ -961,7 +1110,55 @@ impl Store for RedisStore {
         token: &'a str,
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
-        Box::pin(self.claim_counted(key, token, options))
+        Box::pin(async move { Ok(self.claim_counted(key, token, options).await?.0) })
+    }
+
+    /// The claim's script returns the job's steps with an acquired claim: one round trip.
+    fn claim_with_steps<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        options: ClaimOptions<'a>,
+    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
+        Box::pin(async move {
+            let (claimed, steps) = self.claim_counted(key, token, options).await?;
+            // A key whose steps cannot share its slot keeps none: `steps` says so at the first.
+            let keeps = Self::steps_key(&Self::redis_key(key)).is_some();
+            Ok((claimed, steps.filter(|_| keeps)))
+        })
+    }
+
+    /// One script on the record and its steps: `HSET` while `token` holds the claim.
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            no_steps_key(key)?;
+            let field = format!("{}:{}", step.occurrence, step.name);
+            let args: [&[u8]; 2] = [field.as_bytes(), value];
+            match self
+                .if_held(&RECORD_STEP, key, token, &args, "record step failed")
+                .await?
+            {
+                true => Ok(()),
+                false => Err(Error::LeaseLost),
+            }
+        })
+    }
+
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        Box::pin(async move {
+            no_steps_key(key)?;
+            let reply: Value = self
+                .invoke(&Self::invocation(&STEPS, key))
+                .await
+                .map_err(|e| store_error("steps failed", &e))?;
+            decode_steps(&reply)
+        })
     }
 
     fn complete<'a>(
@@ -1039,7 +1236,7 @@ impl Store for RedisStore {
     fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let reply: Value = self
-                .invoke(&FORGIVE.key(Self::redis_key(key)))
+                .invoke(&Self::invocation(&FORGIVE, key))
                 .await
                 .map_err(|e| store_error("forgive failed", &e))?;
             decode_forgive(reply)
@@ -1057,11 +1254,19 @@ impl Store for RedisStore {
         })
     }
 
-    /// `DEL` of the key's record, whatever its state.
+    /// `DEL` of the key's record, whatever its state, and of its steps.
     fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
+            let record = Self::redis_key(key);
+            if let Some(steps) = Self::steps_key(&record) {
+                let _: u64 = redis::cmd("DEL")
+                    .arg(steps)
+                    .query_async(&mut self.connection.clone())
+                    .await
+                    .map_err(|e| store_error("forget failed", &e))?;
+            }
             let removed: u64 = redis::cmd("DEL")
-                .arg(Self::redis_key(key))
+                .arg(record)
                 .query_async(&mut self.connection.clone())
                 .await
                 .map_err(|e| store_error("forget failed", &e))?;
@@ -1078,6 +1283,18 @@ impl Store for RedisStore {
                 .map_err(|e| store_error("lettered failed", &e))?;
             Ok(())
         })
+    }
+}
+
+/// The refusal of a key that keeps no steps (see [`RedisStore::steps_key`]).
+fn no_steps_key(key: StoreKey<'_>) -> Result<(), Error> {
+    match RedisStore::steps_key(&RedisStore::redis_key(key)) {
+        Some(_) => Ok(()),
+        None => Err(Error::Config(format!(
+            "the key {:?} of {:?} holds a `}}` outside a Redis Cluster hash tag, so no key of its \
+             steps can share its slot: its job keeps no durable steps; key it without `}}`",
+            key.key, key.scope
+        ))),
     }
 }
 
@@ -1264,51 +1481,93 @@ mod tests {
     #[test]
     fn claim_replies_decode() {
         use Value::*;
+        let claimed = |reply| decode_claim(reply).map(|(claimed, _)| claimed);
         assert_eq!(
-            decode_claim(Array(vec![Int(0), Int(4), Int(3)])),
+            claimed(Array(vec![Int(0), Int(4), Int(3)])),
             Ok(Claimed::Acquired {
                 generation: 4,
                 crashes: 3
             })
         );
         assert_eq!(
-            decode_claim(Array(vec![Int(1), BulkString(b"{}".to_vec())])),
+            claimed(Array(vec![Int(1), BulkString(b"{}".to_vec())])),
             Ok(Claimed::Completed(b"{}".to_vec()))
         );
         assert_eq!(
-            decode_claim(Array(vec![Int(2), Int(250)])),
+            claimed(Array(vec![Int(2), Int(250)])),
             Ok(Claimed::InProgress {
                 retry_in: Duration::from_millis(250)
             })
         );
-        assert_eq!(decode_claim(Array(vec![Int(3)])), Ok(Claimed::KeyReused));
+        assert_eq!(claimed(Array(vec![Int(3)])), Ok(Claimed::KeyReused));
         assert_eq!(
-            decode_claim(Array(vec![Int(4), BulkString(b"bad".to_vec())])),
+            claimed(Array(vec![Int(4), BulkString(b"bad".to_vec())])),
             Err(Error::Corrupt("bad".into()))
         );
         assert_eq!(
-            decode_claim(Array(vec![Int(5), Int(3), Int(1)])),
+            claimed(Array(vec![Int(5), Int(3), Int(1)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
                 letter: Letter::Yours
             })
         );
         assert_eq!(
-            decode_claim(Array(vec![Int(5), Int(3), Int(0)])),
+            claimed(Array(vec![Int(5), Int(3), Int(0)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
                 letter: Letter::Written
             })
         );
-        assert!(matches!(decode_claim(Int(7)), Err(Error::Store(_))));
-        assert!(matches!(
-            decode_claim(Array(vec![Int(9)])),
-            Err(Error::Store(_))
-        ));
-        assert!(matches!(
-            decode_claim(Array(vec![Int(0)])),
-            Err(Error::Store(_))
-        ));
+        assert!(matches!(claimed(Int(7)), Err(Error::Store(_))));
+        assert!(matches!(claimed(Array(vec![Int(9)])), Err(Error::Store(_))));
+        assert!(matches!(claimed(Array(vec![Int(0)])), Err(Error::Store(_))));
+    }
+
+    #[test]
+    fn an_acquired_claim_brings_its_steps() {
+        use Value::*;
+        let field = |s: &str| BulkString(s.as_bytes().to_vec());
+        let steps = Array(vec![
+            field("1:capture.v1"),
+            field("{}"),
+            field("2:a:b"),
+            field("x"),
+        ]);
+        let (claimed, steps) = decode_claim(Array(vec![Int(0), Int(2), Int(1), steps])).unwrap();
+        assert_eq!(
+            claimed,
+            Claimed::Acquired {
+                generation: 2,
+                crashes: 1
+            }
+        );
+        assert_eq!(
+            steps.unwrap(),
+            [
+                StepRecord::new("capture.v1", 1, b"{}".to_vec()),
+                StepRecord::new("a:b", 2, b"x".to_vec())
+            ]
+        );
+        let bad = Array(vec![field("capture"), field("{}")]);
+        assert!(matches!(decode_steps(&bad), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_jobs_steps_share_its_records_slot() {
+        assert_eq!(hash_tag("a{b}c"), Some("b"));
+        assert_eq!(hash_tag("a{}c{d}"), None);
+        assert_eq!(hash_tag("a{b"), None);
+        for record in [
+            "jobguard:s:k",
+            "jobguard:s:{t}k",
+            "jobguard:s:{",
+            "jobguard:{x:k{y}",
+        ] {
+            let steps = RedisStore::steps_key(record).unwrap();
+            let slot = |k: &str| hash_tag(k).unwrap_or(k).to_owned();
+            assert_eq!(slot(&steps), slot(record), "{record}");
+        }
+        assert_eq!(RedisStore::steps_key("jobguard:s:{}k}"), None);
     }
 
     #[test]

@@ -62,13 +62,13 @@ fn entries(s: &MemoryStore) -> (usize, usize, usize, usize) {
 #[test]
 fn a_record_counts_its_overhead_and_its_bytes() {
     // The figures the module docs give.
-    assert_eq!(size_of::<Record>(), 72);
-    assert_eq!(RECORD_OVERHEAD, 172);
+    assert_eq!(size_of::<Record>(), 96);
+    assert_eq!(RECORD_OVERHEAD, 196);
     let s = MemoryStore::new();
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     // "s" + "k" + "fp" + "token"
-    assert_eq!(s.stats().bytes, 172 + 1 + 1 + 2 + 5);
+    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 5);
 }
 
 #[tokio::test]
@@ -77,7 +77,7 @@ async fn the_bytes_follow_the_payload() {
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     s.complete(K, "token", b"result!", LEASE).await.unwrap();
-    assert_eq!(s.stats().bytes, 172 + 1 + 1 + 2 + 7);
+    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 7);
     let other = StoreKey {
         scope: "s",
         key: "other",
@@ -85,7 +85,33 @@ async fn the_bytes_follow_the_payload() {
     assert_eq!(claim(&s, other, "t"), Claim::Acquired);
     s.release(other, "t").await.unwrap();
     // A released key's history: no payload.
-    assert_eq!(s.stats().bytes, (172 + 11) + (172 + 6));
+    assert_eq!(s.stats().bytes, (196 + 11) + (196 + 6));
+}
+
+#[tokio::test]
+async fn a_jobs_steps_count_their_bytes_until_it_completes() {
+    let s = MemoryStore::new();
+    assert_eq!(claim(&s, K, "token"), Claim::Acquired);
+    let claimed = 196 + 1 + 1 + 5;
+    assert_eq!(STEP_OVERHEAD, 88);
+    let step = StepKey {
+        name: "capture",
+        occurrence: 1,
+    };
+    s.record_step(K, "token", step, b"12345").await.unwrap();
+    assert_eq!(s.stats().bytes, claimed + 88 + 7 + 5);
+    // Recorded again: the new value's bytes in place of the old one's.
+    s.record_step(K, "token", step, b"1").await.unwrap();
+    assert_eq!(s.stats().bytes, claimed + 88 + 7 + 1);
+    s.release(K, "token").await.unwrap();
+    assert_eq!(
+        s.stats().bytes,
+        196 + 2 + 88 + 7 + 1,
+        "kept with the released history"
+    );
+    assert_eq!(claim(&s, K, "again"), Claim::Acquired);
+    s.complete(K, "again", b"done", LEASE).await.unwrap();
+    assert_eq!(s.stats().bytes, 196 + 2 + 4, "gone with the completion");
 }
 
 #[tokio::test(start_paused = true)]
