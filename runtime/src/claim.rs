@@ -55,8 +55,6 @@ pub(crate) struct Session {
     /// Set once `LeaseLost` was raised: the heartbeat finds a lease lost, and the result's
     /// write is then refused for the same reason; the event says it once.
     lost: AtomicBool,
-    /// The steps the last claim read with it, kept for [`Session::hold`] to hand to the work.
-    steps: std::sync::Mutex<Option<Vec<StepRecord>>>,
 }
 
 impl Session {
@@ -80,7 +78,6 @@ impl Session {
             lease,
             work,
             lost: AtomicBool::new(false),
-            steps: std::sync::Mutex::new(None),
         }
     }
 
@@ -117,14 +114,8 @@ impl Session {
             lease: self.lease,
             ..options
         };
-        match (self.store)
-            .claim_with_steps(self.key(), &self.token, options)
-            .await
-        {
-            Ok((claimed, steps)) => {
-                *self.steps.lock().unwrap_or_else(|p| p.into_inner()) = steps;
-                Ok(claimed)
-            }
+        match self.store.claim(self.key(), &self.token, options).await {
+            Ok(claimed) => Ok(claimed),
             Err(error) => {
                 let error = error.at_key(&self.scope, &self.key);
                 self.emit(Event::ClaimFailed {
@@ -137,21 +128,27 @@ impl Session {
         }
     }
 
-    /// The claim was acquired as `generation`: from here until [`Held::complete`] or
+    /// The claim was acquired as `generation`, with the job's `attempts` counted so far and
+    /// its recorded `steps` ([`Claimed::Acquired`]): from here until [`Held::complete`] or
     /// [`Held::release`], the session holds the key, and releases it if dropped.
-    pub(crate) fn hold(self, generation: u64) -> Held {
+    pub(crate) fn hold(
+        self,
+        generation: u64,
+        attempts: u32,
+        steps: Option<Vec<StepRecord>>,
+    ) -> Held {
         self.emit(Event::Claimed {
             scope: &self.name,
             key: &self.key,
         });
         let counted = crate::runtime::HeldClaim::new(&self.runtime);
-        let steps = self.steps.lock().unwrap_or_else(|p| p.into_inner()).take();
         let journal = Journal::new(
             self.store.clone(),
             self.runtime.clone(),
             &self.name,
             self.key(),
             &self.token,
+            attempts,
             steps,
         );
         Held {

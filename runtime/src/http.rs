@@ -570,10 +570,12 @@ where
         .fingerprint(Some(fingerprint.as_str()))
         .ttl(config.ttl)
         .crashes(config.crashes);
-    let generation = match session.claim(options).await {
+    let (generation, attempts, steps) = match session.claim(options).await {
         Ok(Claimed::Acquired {
             generation,
             crashes,
+            attempts,
+            steps,
         }) => {
             if crashes > 0 {
                 log_warn(format_args!(
@@ -582,7 +584,7 @@ where
                     key.scope, key.key, config.crashes
                 ));
             }
-            generation
+            (generation, attempts, steps)
         }
         Ok(Claimed::Completed(record)) => {
             return Ok(match decode(&record) {
@@ -627,7 +629,7 @@ where
         Err(e) => return Ok(Problem::StoreDown(e).response()),
     };
 
-    let held = session.hold(generation);
+    let held = session.hold(generation, attempts, steps);
     let outcome = held
         .run(async {
             let response = inner.call(request).await?;

@@ -248,16 +248,18 @@ impl<'a> Idempotent<'a> {
         let mut waiting = false;
         // A redrive forgives a poisoned key once: a key poisoned again is refused.
         let mut forgiven = false;
-        let generation = loop {
+        let (generation, attempts, steps) = loop {
             match session.claim(options).await.map_err(E::from)? {
                 Claimed::Acquired {
                     generation,
                     crashes,
+                    attempts,
+                    steps,
                 } => {
                     if crashes > 0 {
                         crashed_before(self.name, self.key, crashes, self.crashes);
                     }
-                    break generation;
+                    break (generation, attempts, steps);
                 }
                 Claimed::Completed(bytes) => {
                     let value = match decode::<T>(&bytes) {
@@ -337,7 +339,7 @@ impl<'a> Idempotent<'a> {
             }
         };
 
-        let held = session.hold(generation);
+        let held = session.hold(generation, attempts, steps);
         match held.run(FirstAttempt::new(work)).await {
             Ok(value) => self.finish(held, value).await,
             Err(error) => {

@@ -85,6 +85,7 @@ use crate::store::{MAX_STEP_NAME, StepKey, StepRecord, Store, StoreKey};
 use crate::{Error, Runtime};
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -150,6 +151,16 @@ pub(crate) fn scope<F: Future>(journal: Arc<Journal>, fut: F) -> impl Future<Out
     JOURNAL.scope(journal, fut)
 }
 
+/// The journal of the job whose claim the running task holds, when its key is `key`: the
+/// retry engine of that job's own body counts its attempts in it. A `#[retry]` on a step, or
+/// on another call inside the job, has another key (or none) and counts nothing here.
+pub(crate) fn of_key(key: &str) -> Option<Arc<Journal>> {
+    JOURNAL
+        .try_with(|journal| (journal.key == key).then(|| journal.clone()))
+        .ok()
+        .flatten()
+}
+
 /// The steps of one held claim: what the claim read, what this claim recorded since, and the
 /// count of each name's calls in the run under way.
 pub(crate) struct Journal {
@@ -160,6 +171,9 @@ pub(crate) struct Journal {
     scope: String,
     key: String,
     token: String,
+    /// The job's attempts counted in its key's record so far ([`Store::attempted`]); 0 when
+    /// the store keeps no count for the key.
+    attempts: AtomicU32,
     book: Mutex<Book>,
 }
 
@@ -184,6 +198,7 @@ impl Journal {
         job: &str,
         key: StoreKey<'_>,
         token: &str,
+        attempts: u32,
         steps: Option<Vec<StepRecord>>,
     ) -> Self {
         Journal {
@@ -193,6 +208,7 @@ impl Journal {
             scope: key.scope.to_owned(),
             key: key.key.to_owned(),
             token: token.to_owned(),
+            attempts: AtomicU32::new(attempts),
             book: Mutex::new(Book {
                 recorded: steps.map(by_name),
                 run: 0,
@@ -207,6 +223,32 @@ impl Journal {
             scope: &self.scope,
             key: &self.key,
         }
+    }
+
+    /// The job's attempts counted in its key's record so far, over every claim; `None` when
+    /// the store keeps no count for the key.
+    pub(crate) fn attempts(&self) -> Option<u32> {
+        Some(self.attempts.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Counts one more attempt of the job in its key's record, before a retry. A count that
+    /// cannot be written (the store out of reach, the lease lost) is logged, and the count is
+    /// no longer known: the dead letter then infers it (see [`crate::apalis`]).
+    pub(crate) async fn attempted(&self) {
+        if self.attempts().is_none() {
+            return;
+        }
+        let counted = match self.store.attempted(self.key(), &self.token).await {
+            Ok(attempts) => attempts,
+            Err(e) => {
+                log_error(format_args!(
+                    "jobguard: the attempts of job {} with key {} could not be counted ({e});                      its dead letter, if any, infers them from the deliveries",
+                    self.job, self.key
+                ));
+                0
+            }
+        };
+        self.attempts.store(counted, Ordering::Relaxed);
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {

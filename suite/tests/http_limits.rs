@@ -5,7 +5,7 @@ mod http_support;
 
 use http_support::{Client, Handler, app, charge_request, ready, serve};
 use jobguard::http::IdempotencyLayer;
-use jobguard::store::{ClaimOptions, Claimed, StoreFuture};
+use jobguard::store::{ClaimOptions, Claimed, KeyInfo, StepKey, StepRecord, StoreFuture};
 
 use jobguard::{Error, Event, MemoryStore, Runtime, Store, StoreKey};
 use std::sync::Arc;
@@ -84,6 +84,27 @@ impl Store for Down {
         refused()
     }
     fn lettered<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, ()> {
+        refused()
+    }
+    fn inspect<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        refused()
+    }
+    fn forget<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        refused()
+    }
+    fn attempted<'a>(&'a self, _: StoreKey<'a>, _: &'a str) -> StoreFuture<'a, u32> {
+        refused()
+    }
+    fn record_step<'a>(
+        &'a self,
+        _: StoreKey<'a>,
+        _: &'a str,
+        _: StepKey<'a>,
+        _: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        refused()
+    }
+    fn steps<'a>(&'a self, _: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
         refused()
     }
 }

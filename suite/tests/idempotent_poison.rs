@@ -95,7 +95,8 @@ async fn a_job_abandoned_at_its_crash_limit_is_dead_lettered_once_and_never_runs
                 dies_holding(&store, "order-P", "worker-2").await,
                 Claimed::Acquired {
                     generation: 2,
-                    crashes: 1
+                    crashes: 1,
+                    ..
                 }
             ));
             // The third worker finds the second crash: the limit of 2. Refused, dead-lettered.
@@ -345,7 +346,8 @@ async fn a_forgiven_key_runs_its_job_again_and_counts_its_crashes_from_zero() {
                 dies_holding(&store, "order-F", "worker-3").await,
                 Claimed::Acquired {
                     generation: 3,
-                    crashes: 0
+                    crashes: 0,
+                    ..
                 }
             ));
             assert_eq!(charge("order-F", &runs).await, Ok(100));

@@ -663,7 +663,9 @@ async fn migrate_upgrades_a_table_made_before_crash_counting_and_reads_its_rows(
         store.claim(key("lapsed"), "t", options).await,
         Ok(Claimed::Acquired {
             generation: 1,
-            crashes: 0
+            crashes: 0,
+            attempts: 1,
+            steps: Some(Vec::new()),
         })
     );
 }
@@ -692,7 +694,9 @@ async fn a_claim_taken_over_by_an_earlier_build_is_live_until_its_expiry() {
         store.claim(k, "new-token", options).await,
         Ok(Claimed::Acquired {
             generation: 1,
-            crashes: 0
+            crashes: 0,
+            attempts: 1,
+            steps: Some(Vec::new()),
         })
     );
     // The claim and its row lapse (moved into the past rather than waited for).

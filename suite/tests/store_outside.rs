@@ -2,7 +2,10 @@
 //! on tokio's clock), passes the conformance suite `jobguard::testing::check_store`, as the
 //! built-in stores do; and it serves `#[idempotent]` like them.
 
-use jobguard::store::{ClaimOptions, Claimed, Letter, Store, StoreFuture, StoreKey};
+use jobguard::store::{
+    ClaimOptions, Claimed, KeyInfo, KeyState, Letter, StepKey, StepRecord, Store, StoreFuture,
+    StoreKey,
+};
 use jobguard::{Error, Runtime};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,6 +18,10 @@ struct Entry {
     fingerprint: Option<String>,
     generation: u64,
     crashes: u32,
+    /// The job's attempts over every claim.
+    attempts: u32,
+    /// The job's recorded steps, while claimed or released.
+    steps: Vec<StepRecord>,
     /// When the entry (its history included) goes.
     expires: Instant,
 }
@@ -70,8 +77,8 @@ impl Store for MapStore {
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
         ready(Ok(self.with(key, |entry, now| {
-            let (generation, mut crashes) = match entry {
-                None => (0, 0),
+            let (generation, mut crashes, attempts, steps) = match entry {
+                None => (0, 0, 0, Vec::new()),
                 Some(e) => {
                     let reused = matches!((&e.fingerprint, options.fingerprint),
                         (Some(theirs), Some(ours)) if theirs != ours);
@@ -101,8 +108,10 @@ impl Store for MapStore {
                             };
                         }
                         // Abandoned by a worker that died: counted.
-                        State::Claimed { .. } => (e.generation, e.crashes + 1),
-                        State::Free => (e.generation, e.crashes),
+                        State::Claimed { .. } => {
+                            (e.generation, e.crashes + 1, e.attempts, e.steps.clone())
+                        }
+                        State::Free => (e.generation, e.crashes, e.attempts, e.steps.clone()),
                     }
                 }
             };
@@ -112,6 +121,7 @@ impl Store for MapStore {
                     letter_end: Some(now + options.lease),
                 };
                 e.crashes = crashes;
+                e.steps.clear();
                 e.expires = now + options.ttl;
                 return Claimed::Poisoned {
                     crashes,
@@ -129,11 +139,15 @@ impl Store for MapStore {
                 fingerprint: options.fingerprint.map(str::to_owned),
                 generation: generation + 1,
                 crashes,
+                attempts: attempts + 1,
+                steps: steps.clone(),
                 expires: now + options.ttl.max(options.lease),
             });
             Claimed::Acquired {
                 generation: generation + 1,
                 crashes,
+                attempts: attempts + 1,
+                steps: Some(steps),
             }
         })))
     }
@@ -148,6 +162,7 @@ impl Store for MapStore {
         ready(self.with(key, |entry, now| {
             let e = Self::held(entry, token, now).ok_or(Error::LeaseLost)?;
             e.state = State::Completed(record.to_vec());
+            e.steps.clear();
             e.expires = now + ttl;
             Ok(())
         }))
@@ -201,6 +216,7 @@ impl Store for MapStore {
             if forgiven {
                 e.state = State::Free;
                 e.crashes = 0;
+                e.steps.clear();
             }
             forgiven
         })))
@@ -217,6 +233,59 @@ impl Store for MapStore {
             }
         });
         ready(Ok(()))
+    }
+
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        ready(Ok(self.with(key, |entry, now| {
+            let Some(e) = entry else {
+                return KeyInfo::free();
+            };
+            let info = |state| KeyInfo::new(state, Some(e.generation), e.crashes);
+            match &e.state {
+                State::Claimed { lease_end, .. } => {
+                    info(KeyState::Claimed).lease_left(lease_end.saturating_duration_since(now))
+                }
+                State::Completed(record) => info(KeyState::Completed).result(record.clone()),
+                State::Free => info(KeyState::Free),
+                State::Poisoned { .. } => info(KeyState::Poisoned),
+            }
+        })))
+    }
+
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        ready(Ok(self.with(key, |entry, _| entry.take().is_some())))
+    }
+
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+        ready(self.with(key, |entry, now| {
+            let e = Self::held(entry, token, now).ok_or(Error::LeaseLost)?;
+            e.attempts += 1;
+            Ok(e.attempts)
+        }))
+    }
+
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        ready(self.with(key, |entry, now| {
+            let e = Self::held(entry, token, now).ok_or(Error::LeaseLost)?;
+            e.steps
+                .retain(|s| (s.name.as_str(), s.occurrence) != (step.name, step.occurrence));
+            e.steps
+                .push(StepRecord::new(step.name, step.occurrence, value.to_vec()));
+            Ok(())
+        }))
+    }
+
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        ready(Ok(self.with(key, |entry, _| match entry {
+            Some(e) if matches!(e.state, State::Claimed { .. } | State::Free) => e.steps.clone(),
+            _ => Vec::new(),
+        })))
     }
 }
 
@@ -283,6 +352,27 @@ impl Store for Forgetful {
     }
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
         self.0.lettered(key)
+    }
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        self.0.inspect(key)
+    }
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        self.0.forget(key)
+    }
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+        self.0.attempted(key, token)
+    }
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        self.0.record_step(key, token, step, value)
+    }
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        self.0.steps(key)
     }
 }
 

@@ -108,7 +108,9 @@ pub async fn records_of_the_first_layout_are_read(store: &RedisStore) {
         got,
         Claimed::Acquired {
             generation: 1,
-            crashes: 0
+            crashes: 0,
+            attempts: 1,
+            steps: Some(Vec::new()),
         },
         "an expired version 1 claim leaves the key free, its crash uncounted"
     );

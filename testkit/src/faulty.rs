@@ -1,7 +1,7 @@
 //! A `MemoryStore` whose operations can be made to fail: an unreachable store, failed writes,
 //! a lost lease. For the idempotency guard's and the HTTP layer's tests.
 
-use jobguard::store::StoreFuture;
+use jobguard::store::{KeyInfo, StepKey, StepRecord, StoreFuture};
 use jobguard::{ClaimOptions, Claimed, Error, MemoryStore, Store, StoreKey};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -93,5 +93,32 @@ impl Store for Faulty {
     }
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()> {
         self.inner.lettered(key)
+    }
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
+        self.inner.inspect(key)
+    }
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
+        self.inner.forget(key)
+    }
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::Store("connection refused".into())) });
+        }
+        self.inner.attempted(key, token)
+    }
+    fn record_step<'a>(
+        &'a self,
+        key: StoreKey<'a>,
+        token: &'a str,
+        step: StepKey<'a>,
+        value: &'a [u8],
+    ) -> StoreFuture<'a, ()> {
+        if self.lose_lease.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(Error::LeaseLost) });
+        }
+        self.inner.record_step(key, token, step, value)
+    }
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
+        self.inner.steps(key)
     }
 }

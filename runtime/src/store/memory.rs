@@ -33,12 +33,12 @@
 //!
 //! # How it counts bytes
 //!
-//! A record counts 196 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
+//! A record counts 204 bytes (on a 64-bit target) plus the lengths of its scope, key, fingerprint
 //! and payload (the claim's token while claimed, the result once completed, nothing otherwise):
-//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 286 bytes once
-//! completed, and the default bound holds about a million of them. The 196 bytes are:
+//! a job with a 12-byte scope, a 20-byte key and a 58-byte result counts 294 bytes once
+//! completed, and the default bound holds about a million of them. The 204 bytes are:
 //!
-//! - 96 for the record's fixed part, which the table holds boxed;
+//! - 104 for the record's fixed part, which the table holds boxed;
 //! - 32 for the allocator's header and rounding on the record's two allocations;
 //! - 36 for its slot in the table (an 8-byte pointer and a control byte), four times over: a
 //!   hash table keeps slots empty, and hashbrown's settles, as records come and go, at between
@@ -442,19 +442,16 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(steps)))
     }
 
-    /// The claim and, when acquired, its key's steps, under one shard lock.
-    fn claim_with_steps<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
-        let claimed = self.with_shard(key, |shard, op| {
-            let claimed = shard.claim(op, token, &options)?;
-            let steps = matches!(claimed, Claimed::Acquired { .. }).then(|| shard.steps(op));
-            Ok((claimed, steps))
+    /// One more attempt on the record, under its shard lock, checked against the claim's token.
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+        let counted = self.with_shard(key, |shard, op| {
+            let record = (shard.records.find_mut(op.hash, key))
+                .filter(|r| r.held_by(token, op.now))
+                .ok_or(Error::LeaseLost)?;
+            record.attempts = record.attempts.saturating_add(1);
+            Ok(record.attempts)
         });
-        Box::pin(std::future::ready(claimed))
+        Box::pin(std::future::ready(counted))
     }
 
     /// Marks the key's record expired under its shard lock: every later operation finds the
@@ -736,6 +733,8 @@ impl Shard {
             return Ok(Claimed::Acquired {
                 generation: 1,
                 crashes: 0,
+                attempts: 1,
+                steps: Some(Vec::new()),
             });
         };
         let mut crashes = 0;
@@ -796,19 +795,26 @@ impl Shard {
         // recorded (none once the history expired).
         let generation = record.generation.saturating_add(1);
         let live = record.expires > now;
+        let (attempts, steps) = match live {
+            true => (record.attempts.saturating_add(1), record.steps.clone()),
+            false => (1, Vec::new()),
+        };
         let fresh = fresh()?;
+        let kept = steps.clone();
         self.refile(op, |r| {
-            let steps = std::mem::take(&mut r.steps);
             *r = Record {
                 generation,
                 crashes,
-                steps: if live { steps } else { Vec::new() },
+                attempts,
+                steps: kept,
                 ..fresh
             }
         });
         Ok(Claimed::Acquired {
             generation,
             crashes,
+            attempts,
+            steps: Some(steps),
         })
     }
 
@@ -1288,6 +1294,8 @@ struct Record {
     fp_len: u32,
     /// Abandoned claims counted.
     crashes: u32,
+    /// The job's attempts counted over every claim ([`Store::attempted`]).
+    attempts: u32,
     /// The claim's number among the key's claims, from 1.
     generation: u64,
     /// Nanoseconds since the store's epoch, like every time here: when the record is dropped (a
@@ -1333,6 +1341,7 @@ impl Record {
             key_len: len(key.key)?,
             fp_len,
             crashes: 0,
+            attempts: 1,
             generation: 1,
             expires: keep.max(lease_end),
             stamp: 0,

@@ -45,11 +45,18 @@
 //!
 //! A job's steps ([`crate::step()`]) live in its record: recorded by the claim's holder alone
 //! ([`Store::record_step`], a compare-and-set on the token like `complete`), kept through a
-//! release and a takeover, returned with the next acquired claim
-//! ([`Store::claim_with_steps`], or read with [`Store::steps`]), and dropped when the job
-//! completes, is forgiven or forgotten, or its history expires. The three methods have
-//! defaults: a store that leaves them keeps no steps, and a step inside a job on it fails
-//! with [`Error::Config`](crate::Error::Config) before it runs.
+//! release and a takeover, returned with the next acquired claim (in
+//! [`Claimed::Acquired`], so a resumed job learns them in the claim's round trip; an operator
+//! reads them with [`Store::steps`]), and dropped when the job completes, is forgiven or
+//! forgotten, or its history expires.
+//!
+//! # Attempts
+//!
+//! A key's record also counts the attempts of its job over every claim: the claim that
+//! acquires the key counts its first attempt ([`Claimed::Acquired`]'s `attempts`), and the
+//! holder counts each further attempt inside its claim with [`Store::attempted`] (a `#[retry]`
+//! inside `#[idempotent]` does, before each retry). A dead letter reports that count, whatever
+//! the broker counted: a delivery cut short by a crash is in it too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -155,6 +162,15 @@ pub enum Claimed {
         generation: u64,
         /// Abandoned claims counted so far, this takeover included.
         crashes: u32,
+        /// The job's attempts counted so far over every claim of the key, this claim's first
+        /// included (1 for a key without history); 0 when the store keeps no count for this
+        /// key. See [`Store::attempted`].
+        attempts: u32,
+        /// The job's durable steps recorded by earlier claims ([`Store::record_step`]), in any
+        /// order: a resumed job replays them without running them. Empty for a fresh key;
+        /// `None` when the store keeps no steps for this key (a step of its job then fails
+        /// with [`Error::Config`](crate::Error::Config) before it runs).
+        steps: Option<Vec<StepRecord>>,
     },
     /// The job already completed: its stored result, to replay.
     Completed(Vec<u8>),
@@ -281,7 +297,7 @@ impl KeyState {
 
 /// An idempotency store. Implemented by [`MemoryStore`](memory::MemoryStore),
 /// [`RedisStore`](redis::RedisStore) (feature `redis`) and `PgStore` (feature `postgres`); a
-/// store of your own implements these seven methods, following [the states of a
+/// store of your own implements these twelve methods, following [the states of a
 /// key](self#the-states-of-a-key), and passes [`testing::check_store`](crate::testing) (feature
 /// `testing`), the suite the built-in stores pass.
 ///
@@ -300,7 +316,8 @@ pub trait Store: Send + Sync {
     /// Claims `key` for `options.lease` under `token`:
     ///
     /// * free: [`Claimed::Acquired`], numbered one more than the key's last claim (1 for a key
-    ///   without history), with the crashes counted so far;
+    ///   without history), with the crashes counted so far, the attempts counted so far plus
+    ///   one (this claim's first), and the job's recorded steps;
     /// * completed: [`Claimed::Completed`] with the record;
     /// * claimed with a live lease: [`Claimed::InProgress`] with the time left on it;
     /// * a fingerprint other than the one kept (both present): [`Claimed::KeyReused`];
@@ -378,36 +395,23 @@ pub trait Store: Send + Sync {
     fn lettered<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, ()>;
 
     /// What `key`'s record says ([`KeyInfo`]), read without claiming, renewing or releasing
-    /// anything, for an operator's console. The built-in stores implement it; the default
-    /// answers only what [`lookup`](Store::lookup) knows (a completed key) and is
-    /// [`Error::Config`](crate::Error::Config) for any other, since it cannot tell a free key
-    /// from a claimed or poisoned one.
-    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo> {
-        Box::pin(async move {
-            match self.lookup(key).await? {
-                Some(result) => Ok(KeyInfo::new(KeyState::Completed, None, 0).result(result)),
-                None => Err(crate::Error::Config(
-                    "this store does not implement Store::inspect: a key it does not hold \
-                     completed may be free, claimed or poisoned"
-                        .into(),
-                )),
-            }
-        })
-    }
+    /// anything, for an operator's console.
+    fn inspect<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, KeyInfo>;
 
-    /// Forgets `key` whole: its claim, its result, its history and crashes, as if its record
-    /// had expired, so that the next claim runs the job again (a completed job too) with no
-    /// crash counted (its generation may go on from the forgotten one's, as after an expiry).
-    /// `true` when the store held a record of it. For an operator who knows the job's effect is gone
-    /// (a refund, a rollback); a worker holding a live claim loses it (its `complete` fails
-    /// with [`Error::LeaseLost`](crate::Error::LeaseLost)). The built-in stores implement it;
-    /// the default is [`Error::Config`](crate::Error::Config).
-    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
-        let _ = key;
-        Box::pin(std::future::ready(Err(crate::Error::Config(
-            "this store does not implement Store::forget".into(),
-        ))))
-    }
+    /// Forgets `key` whole: its claim, its result, its history, crashes, attempts and steps, as
+    /// if its record had expired, so that the next claim runs the job again (a completed job
+    /// too) with no crash counted (its generation may go on from the forgotten one's, as after
+    /// an expiry). `true` when the store held a record of it. For an operator who knows the
+    /// job's effect is gone (a refund, a rollback); a worker holding a live claim loses it (its
+    /// `complete` fails with [`Error::LeaseLost`](crate::Error::LeaseLost)).
+    fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool>;
+
+    /// Counts one more attempt of the job whose claim `token` holds on `key`, and returns the
+    /// key's count of attempts over every claim ([`Claimed::Acquired`]'s `attempts` counts the
+    /// claim's first). [`Error::LeaseLost`](crate::Error::LeaseLost) when `token` no longer
+    /// holds the claim, and nothing is counted. The engine calls it before each retry of a job
+    /// inside its claim, so that the count survives a crash mid-job: a dead letter reports it.
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32>;
 
     // Durable steps (`#[jobguard::step]`): the job's steps live with its record.
 
@@ -418,54 +422,23 @@ pub trait Store: Send + Sync {
     /// lease was taken over cannot record a step for its successor.
     ///
     /// The steps of a key live and die with its record: kept through a
-    /// [`release`](Store::release) and a takeover (the next claim resumes from them), dropped
-    /// by [`complete`](Store::complete), [`forgive`](Store::forgive) and
-    /// [`forget`](Store::forget), and when the key's history expires. A store that keeps no
-    /// steps leaves this default, [`Error::Config`](crate::Error::Config): a step inside a job
-    /// on it fails before it runs.
+    /// [`release`](Store::release) and a takeover (the next claim resumes from them, in
+    /// [`Claimed::Acquired`]), dropped by [`complete`](Store::complete),
+    /// [`forgive`](Store::forgive) and [`forget`](Store::forget), and when the key's history
+    /// expires.
     fn record_step<'a>(
         &'a self,
         key: StoreKey<'a>,
         token: &'a str,
         step: StepKey<'a>,
         value: &'a [u8],
-    ) -> StoreFuture<'a, ()> {
-        let _ = (key, token, step, value);
-        Box::pin(std::future::ready(Err(no_steps())))
-    }
+    ) -> StoreFuture<'a, ()>;
 
     /// The steps recorded for `key`'s job ([`record_step`](Store::record_step)) that a claim
-    /// would resume from: those of a claimed or released key; none for a key that is free
-    /// without history, completed, poisoned or expired. In any order. The default is
-    /// [`Error::Config`](crate::Error::Config): a store that keeps no steps.
-    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
-        let _ = key;
-        Box::pin(std::future::ready(Err(no_steps())))
-    }
-
-    /// [`claim`](Store::claim), and when the claim is [`Acquired`](Claimed::Acquired), the
-    /// steps recorded for the key ([`steps`](Store::steps)) read with it, so that a resumed job
-    /// learns them in the claim's round trip. `None` for the steps: not read here (a store that
-    /// keeps this default, which claims, then leaves the steps to be read with
-    /// [`steps`](Store::steps) when the job reaches its first step), or not acquired.
-    fn claim_with_steps<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
-        Box::pin(async move { Ok((self.claim(key, token, options).await?, None)) })
-    }
-}
-
-/// The error of a store that keeps no durable steps.
-fn no_steps() -> crate::Error {
-    crate::Error::Config(
-        "this store does not keep durable steps (Store::record_step and Store::steps); a \
-         #[jobguard::step] inside a job needs one that does, such as MemoryStore, RedisStore or \
-         PgStore"
-            .into(),
-    )
+    /// would resume from, read without claiming anything, for an operator: those of a claimed
+    /// or released key; none for a key that is free without history, completed, poisoned or
+    /// expired. In any order.
+    fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>>;
 }
 
 /// The longest step name a store keeps, in bytes: a longer one is refused with
@@ -482,7 +455,7 @@ pub struct StepKey<'a> {
     pub occurrence: u32,
 }
 
-/// A step's recorded value, as [`Store::steps`] and [`Store::claim_with_steps`] return it.
+/// A step's recorded value, as [`Claimed::Acquired`] and [`Store::steps`] return it.
 ///
 /// ```
 /// use jobguard::store::StepRecord;
@@ -571,13 +544,8 @@ macro_rules! forward_store {
             fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
                 (**self).steps(key)
             }
-            fn claim_with_steps<'a>(
-                &'a self,
-                key: StoreKey<'a>,
-                token: &'a str,
-                options: ClaimOptions<'a>,
-            ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
-                (**self).claim_with_steps(key, token, options)
+            fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+                (**self).attempted(key, token)
             }
         }
     )*};

@@ -176,7 +176,8 @@ ALTER TABLE jobguard_keys
     ADD COLUMN IF NOT EXISTS generation    bigint  NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS crashes       integer NOT NULL DEFAULT 0,
     ADD COLUMN IF NOT EXISTS poisoned      boolean NOT NULL DEFAULT false,
-    ADD COLUMN IF NOT EXISTS lettered      boolean NOT NULL DEFAULT true;
+    ADD COLUMN IF NOT EXISTS lettered      boolean NOT NULL DEFAULT true,
+    ADD COLUMN IF NOT EXISTS attempts      integer NOT NULL DEFAULT 0;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_constraint
@@ -442,7 +443,7 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
         key: StoreKey<'_>,
         token: &str,
         options: ClaimOptions<'_>,
-    ) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
+    ) -> Result<Claimed, Error> {
         let (scope, stored) = Self::row_key(key);
         let limit = i32::try_from(options.crashes).unwrap_or(i32::MAX);
         // A row read from a snapshot older than a concurrent claim's commit can be missing or
@@ -477,27 +478,29 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
                         .zip(values.unwrap_or_default())
                         .map(|((name, n), value)| StepRecord::new(name, occurrence(n), value))
                         .collect();
-                    let acquired = Claimed::Acquired {
+                    let attempts = get(8).map_err(fail)?.unwrap_or(0);
+                    return Ok(Claimed::Acquired {
                         generation: u64::try_from(generation).unwrap_or(0),
                         crashes,
-                    };
-                    return Ok((acquired, Some(steps)));
+                        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                        steps: Some(steps),
+                    });
                 }
                 (4, _) => {
                     let letter = Letter::Yours;
-                    return Ok((Claimed::Poisoned { crashes, letter }, None));
+                    return Ok(Claimed::Poisoned { crashes, letter });
                 }
-                (3, Some(w)) if w > 0 => return Ok((Claimed::KeyReused, None)),
+                (3, Some(w)) if w > 0 => return Ok(Claimed::KeyReused),
                 (1, Some(w)) if w > 0 => {
                     let result: Option<Vec<u8>> = row.try_get(2).map_err(fail)?;
                     let completed = result.map(Claimed::Completed).ok_or_else(|| {
                         Error::Corrupt("a completed idempotency row without a result".into())
                     })?;
-                    return Ok((completed, None));
+                    return Ok(completed);
                 }
                 (2, Some(w)) if w > 0 => {
                     let retry_in = Duration::from_micros(w as u64);
-                    return Ok((Claimed::InProgress { retry_in }, None));
+                    return Ok(Claimed::InProgress { retry_in });
                 }
                 (5, Some(w)) if w > 0 => {
                     // Poisoned before: the letter role, if no letter is confirmed and no other
@@ -514,7 +517,7 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
                         2 => Letter::Held,
                         _ => Letter::Written,
                     };
-                    return Ok((Claimed::Poisoned { crashes, letter }, None));
+                    return Ok(Claimed::Poisoned { crashes, letter });
                 }
                 // Free, lapsed or expired in the snapshot, but not taken over: a concurrent
                 // renewal or claim.
@@ -604,10 +607,10 @@ static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         r#"
 WITH taken AS (
     INSERT INTO jobguard_keys AS k (scope, key, token, fingerprint, result, expires_at,
-                                    lease_ends_at, generation, crashes, poisoned)
+                                    lease_ends_at, generation, crashes, poisoned, attempts)
     VALUES ($1, $2, $3, $4, NULL,
             now() + greatest($5::bigint, $6::bigint) * interval '1 microsecond',
-            now() + $5::bigint * interval '1 microsecond', 1, 0, false)
+            now() + $5::bigint * interval '1 microsecond', 1, 0, false, 1)
     ON CONFLICT (scope, key) DO UPDATE
         SET token = CASE WHEN {poison} THEN NULL ELSE excluded.token END,
             fingerprint = CASE WHEN {poison} THEN k.fingerprint ELSE excluded.fingerprint END,
@@ -618,9 +621,11 @@ WITH taken AS (
             lettered = NOT {poison},
             generation = CASE WHEN {poison} THEN k.generation ELSE k.generation + 1 END,
             crashes = {CRASHES_AFTER},
-            poisoned = {poison}
+            poisoned = {poison},
+            attempts = CASE WHEN {poison} THEN k.attempts
+                            WHEN k.expires_at <= now() THEN 1 ELSE k.attempts + 1 END
         WHERE {FREE}
-    RETURNING k.poisoned, k.generation, k.crashes
+    RETURNING k.poisoned, k.generation, k.crashes, k.attempts
 ), old AS (
     SELECT k.expires_at <= now() AS expired FROM jobguard_keys k
     WHERE k.scope = $1 AND k.key = $2
@@ -636,7 +641,8 @@ SELECT CASE WHEN poisoned THEN 4 ELSE 0 END, NULL::bigint, NULL::bytea, generati
        crashes::bigint,
        (SELECT array_agg(step ORDER BY step, occurrence) FROM steps),
        (SELECT array_agg(occurrence ORDER BY step, occurrence) FROM steps),
-       (SELECT array_agg(value ORDER BY step, occurrence) FROM steps)
+       (SELECT array_agg(value ORDER BY step, occurrence) FROM steps),
+       attempts::bigint
 FROM taken
 UNION ALL
 SELECT CASE WHEN k.expires_at <= now() THEN 6
@@ -650,7 +656,8 @@ SELECT CASE WHEN k.expires_at <= now() THEN 6
        floor(extract(epoch FROM CASE WHEN k.poisoned THEN k.expires_at
                                      ELSE coalesce(k.lease_ends_at, k.expires_at) END
                      - now()) * 1000000)::bigint,
-       k.result, k.generation, k.crashes::bigint, NULL::text[], NULL::integer[], NULL::bytea[]
+       k.result, k.generation, k.crashes::bigint, NULL::text[], NULL::integer[], NULL::bytea[],
+       k.attempts::bigint
 FROM jobguard_keys k
 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM taken)
 "#
@@ -670,6 +677,13 @@ WITH done AS (
     DELETE FROM jobguard_steps WHERE scope = $1 AND key = $2 AND EXISTS (SELECT 1 FROM done)
 )
 SELECT 1 FROM done
+"#;
+
+// $1 scope, $2 key, $3 token: one more attempt while the token holds the claim; the count.
+const ATTEMPTED: &str = r#"
+UPDATE jobguard_keys SET attempts = attempts + 1
+WHERE scope = $1 AND key = $2 AND token = $3 AND coalesce(lease_ends_at, expires_at) > now()
+RETURNING attempts
 "#;
 
 // $1 scope, $2 key, $3 token, $4 step, $5 occurrence, $6 value. While the token holds the
@@ -797,17 +811,26 @@ impl Store for PgStore {
         token: &'a str,
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
-        Box::pin(async move { Ok(self.claim_counted(key, token, options).await?.0) })
+        // The claim's statement reads the job's steps and count of attempts: one round trip.
+        Box::pin(self.claim_counted(key, token, options))
     }
 
-    /// The claim's statement reads the job's steps: one round trip.
-    fn claim_with_steps<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
-        Box::pin(self.claim_counted(key, token, options))
+    /// One `UPDATE` of the claim's row while `token` holds it.
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
+        Box::pin(async move {
+            let (scope, stored) = Self::row_key(key);
+            let row: Option<(i32,)> = sqlx::query_as(ATTEMPTED)
+                .bind(&*scope)
+                .bind(&*stored)
+                .bind(token)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| store_error("attempted failed", &e))?;
+            match row {
+                Some((attempts,)) => Ok(u32::try_from(attempts).unwrap_or(0)),
+                None => Err(Error::LeaseLost),
+            }
+        })
     }
 
     /// One `INSERT ... SELECT` from the claim's row, locked, while `token` holds it.

@@ -538,7 +538,8 @@ impl RedisStore {
         key: StoreKey<'_>,
         token: &str,
         options: ClaimOptions<'_>,
-    ) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
+    ) -> Result<Claimed, Error> {
+        let keeps_steps = Self::steps_key(&Self::redis_key(key)).is_some();
         let mut call = Self::invocation(&CLAIM, key);
         call.arg(Field(Some(token)).to_string())
             .arg(Field(options.fingerprint).to_string())
@@ -550,7 +551,7 @@ impl RedisStore {
             .invoke(&call)
             .await
             .map_err(|e| store_error("claim failed", &e))?;
-        decode_claim(reply)
+        decode_claim(reply, keeps_steps)
     }
 
     /// Runs a token-checked script; `Ok(true)` when `token` held the claim.
@@ -653,23 +654,31 @@ fn corrupt(why: &Value) -> Error {
     })
 }
 
-/// The claim script's reply, with the steps an acquired claim read (none for a fresh key).
-fn decode_claim(reply: Value) -> Result<(Claimed, Option<Vec<StepRecord>>), Error> {
+/// The claim script's reply. `keeps_steps`: whether the key has a steps hash (see
+/// [`RedisStore::steps_key`]); without one, an acquired claim has no steps and no count of
+/// attempts.
+fn decode_claim(reply: Value, keeps_steps: bool) -> Result<Claimed, Error> {
     let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
     let Value::Array(items) = &reply else {
         return Err(unexpected(&reply));
     };
     let count = |n: &i64| u32::try_from(*n).unwrap_or(u32::MAX);
-    let acquired = |generation: &i64, crashes: &i64| Claimed::Acquired {
+    let acquired = |generation: &i64, crashes: &i64, attempts, steps| Claimed::Acquired {
         generation: u64::try_from(*generation).unwrap_or(0),
         crashes: count(crashes),
+        attempts,
+        steps,
     };
     match items.as_slice() {
-        [Value::Int(0), Value::Int(g), Value::Int(c)] => Ok((acquired(g, c), Some(Vec::new()))),
-        [Value::Int(0), Value::Int(g), Value::Int(c), steps] => {
-            Ok((acquired(g, c), Some(decode_steps(steps)?)))
+        // A fresh key: its first attempt, no steps.
+        [Value::Int(0), Value::Int(g), Value::Int(c)] if keeps_steps => {
+            Ok(acquired(g, c, 1, Some(Vec::new())))
         }
-        _ => decode_refusal(&reply, items).map(|claimed| (claimed, None)),
+        [Value::Int(0), Value::Int(g), Value::Int(c)] => Ok(acquired(g, c, 0, None)),
+        [Value::Int(0), Value::Int(g), Value::Int(c), Value::Int(a), steps] => {
+            Ok(acquired(g, c, count(a), Some(decode_steps(steps)?)))
+        }
+        _ => decode_refusal(&reply, items),
     }
 }
 
@@ -718,6 +727,10 @@ fn decode_steps(reply: &Value) -> Result<Vec<StepRecord>, Error> {
             return Err(Error::Store(format!("unexpected steps reply: {reply:?}")));
         };
         let field = String::from_utf8_lossy(&field);
+        // The job's count of attempts shares the hash (a step's field starts with a number).
+        if field == "attempts" {
+            continue;
+        }
         let parsed = field
             .split_once(':')
             .and_then(|(n, name)| Some((n.parse::<u32>().ok()?, name)));
@@ -790,9 +803,12 @@ local function claim(generation, crashes)
   redis.call('SET', KEYS[1], 'jg2/c' .. ARGV[1] .. ARGV[2] .. num(generation) .. ':' ..
     num(crashes) .. ':' .. lease_end, 'PX', ARGV[6])
   if not KEYS[2] then return {0, generation, crashes} end
-  -- The job's steps live as long as its record, and come back with the claim.
+  -- The job's steps and its count of attempts live as long as its record, and come back with
+  -- the claim. No count yet: only the key's first claim counted an attempt.
+  local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1') + 1
+  redis.call('HSET', KEYS[2], 'attempts', attempts)
   redis.call('PEXPIRE', KEYS[2], ARGV[6])
-  return {0, generation, crashes, redis.call('HGETALL', KEYS[2])}
+  return {0, generation, crashes, attempts, redis.call('HGETALL', KEYS[2])}
 end
 local function poisoned()
   if KEYS[2] then redis.call('DEL', KEYS[2]) end
@@ -1089,6 +1105,23 @@ return 1
     ))
 });
 
+// KEYS[1]: the record, KEYS[2]: its steps and count of attempts. ARGV: claim prefix. Counts one
+// more attempt (no count yet: only the key's first claim counted one) and returns the count; 0
+// when the token does not hold the claim.
+static ATTEMPTED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FIELD}{}",
+        held!(
+            r#"
+local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1') + 1
+redis.call('HSET', KEYS[2], 'attempts', attempts)
+redis.call('PEXPIRE', KEYS[2], math.max(redis.call('PTTL', KEYS[1]), 1))
+return attempts
+"#
+        )
+    ))
+});
+
 // KEYS[1]: the record, KEYS[2]: its steps. The steps' fields and values while the record is a
 // claim (of either version) or a released key; none otherwise.
 static STEPS: LazyLock<Script> = LazyLock::new(|| {
@@ -1110,21 +1143,25 @@ impl Store for RedisStore {
         token: &'a str,
         options: ClaimOptions<'a>,
     ) -> StoreFuture<'a, Claimed> {
-        Box::pin(async move { Ok(self.claim_counted(key, token, options).await?.0) })
+        // The claim's script returns the job's steps and count of attempts: one round trip.
+        Box::pin(self.claim_counted(key, token, options))
     }
 
-    /// The claim's script returns the job's steps with an acquired claim: one round trip.
-    fn claim_with_steps<'a>(
-        &'a self,
-        key: StoreKey<'a>,
-        token: &'a str,
-        options: ClaimOptions<'a>,
-    ) -> StoreFuture<'a, (Claimed, Option<Vec<StepRecord>>)> {
+    /// One script on the record and its steps: one more attempt in the steps hash while
+    /// `token` holds the claim.
+    fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
         Box::pin(async move {
-            let (claimed, steps) = self.claim_counted(key, token, options).await?;
-            // A key whose steps cannot share its slot keeps none: `steps` says so at the first.
-            let keeps = Self::steps_key(&Self::redis_key(key)).is_some();
-            Ok((claimed, steps.filter(|_| keeps)))
+            no_steps_key(key)?;
+            let mut call = Self::invocation(&ATTEMPTED, key);
+            call.arg(format!("{CLAIMED}{}", Field(Some(token))));
+            let attempts: i64 = self
+                .invoke(&call)
+                .await
+                .map_err(|e| store_error("attempted failed", &e))?;
+            match u32::try_from(attempts) {
+                Ok(0) | Err(_) => Err(Error::LeaseLost),
+                Ok(attempts) => Ok(attempts),
+            }
         })
     }
 
@@ -1481,12 +1518,23 @@ mod tests {
     #[test]
     fn claim_replies_decode() {
         use Value::*;
-        let claimed = |reply| decode_claim(reply).map(|(claimed, _)| claimed);
+        let claimed = |reply| decode_claim(reply, true);
         assert_eq!(
-            claimed(Array(vec![Int(0), Int(4), Int(3)])),
+            claimed(Array(vec![Int(0), Int(1), Int(0)])),
+            Ok(Claimed::Acquired {
+                generation: 1,
+                crashes: 0,
+                attempts: 1,
+                steps: Some(Vec::new())
+            })
+        );
+        assert_eq!(
+            decode_claim(Array(vec![Int(0), Int(4), Int(3)]), false),
             Ok(Claimed::Acquired {
                 generation: 4,
-                crashes: 3
+                crashes: 3,
+                attempts: 0,
+                steps: None
             })
         );
         assert_eq!(
@@ -1532,21 +1580,21 @@ mod tests {
             field("{}"),
             field("2:a:b"),
             field("x"),
+            field("attempts"),
+            field("3"),
         ]);
-        let (claimed, steps) = decode_claim(Array(vec![Int(0), Int(2), Int(1), steps])).unwrap();
+        let reply = Array(vec![Int(0), Int(2), Int(1), Int(3), steps]);
         assert_eq!(
-            claimed,
-            Claimed::Acquired {
+            decode_claim(reply, true),
+            Ok(Claimed::Acquired {
                 generation: 2,
-                crashes: 1
-            }
-        );
-        assert_eq!(
-            steps.unwrap(),
-            [
-                StepRecord::new("capture.v1", 1, b"{}".to_vec()),
-                StepRecord::new("a:b", 2, b"x".to_vec())
-            ]
+                crashes: 1,
+                attempts: 3,
+                steps: Some(vec![
+                    StepRecord::new("capture.v1", 1, b"{}".to_vec()),
+                    StepRecord::new("a:b", 2, b"x".to_vec())
+                ])
+            })
         );
         let bad = Array(vec![field("capture"), field("{}")]);
         assert!(matches!(decode_steps(&bad), Err(Error::Corrupt(_))));

@@ -62,13 +62,13 @@ fn entries(s: &MemoryStore) -> (usize, usize, usize, usize) {
 #[test]
 fn a_record_counts_its_overhead_and_its_bytes() {
     // The figures the module docs give.
-    assert_eq!(size_of::<Record>(), 96);
-    assert_eq!(RECORD_OVERHEAD, 196);
+    assert_eq!(size_of::<Record>(), 104);
+    assert_eq!(RECORD_OVERHEAD, 204);
     let s = MemoryStore::new();
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     // "s" + "k" + "fp" + "token"
-    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 5);
+    assert_eq!(s.stats().bytes, 204 + 1 + 1 + 2 + 5);
 }
 
 #[tokio::test]
@@ -77,7 +77,7 @@ async fn the_bytes_follow_the_payload() {
     let fp = ClaimOptions::new(LEASE).fingerprint(Some("fp"));
     s.claim_counted(K, "token", &fp).unwrap();
     s.complete(K, "token", b"result!", LEASE).await.unwrap();
-    assert_eq!(s.stats().bytes, 196 + 1 + 1 + 2 + 7);
+    assert_eq!(s.stats().bytes, 204 + 1 + 1 + 2 + 7);
     let other = StoreKey {
         scope: "s",
         key: "other",
@@ -85,14 +85,14 @@ async fn the_bytes_follow_the_payload() {
     assert_eq!(claim(&s, other, "t"), Claim::Acquired);
     s.release(other, "t").await.unwrap();
     // A released key's history: no payload.
-    assert_eq!(s.stats().bytes, (196 + 11) + (196 + 6));
+    assert_eq!(s.stats().bytes, (204 + 11) + (204 + 6));
 }
 
 #[tokio::test]
 async fn a_jobs_steps_count_their_bytes_until_it_completes() {
     let s = MemoryStore::new();
     assert_eq!(claim(&s, K, "token"), Claim::Acquired);
-    let claimed = 196 + 1 + 1 + 5;
+    let claimed = 204 + 1 + 1 + 5;
     assert_eq!(STEP_OVERHEAD, 88);
     let step = StepKey {
         name: "capture",
@@ -106,12 +106,12 @@ async fn a_jobs_steps_count_their_bytes_until_it_completes() {
     s.release(K, "token").await.unwrap();
     assert_eq!(
         s.stats().bytes,
-        196 + 2 + 88 + 7 + 1,
+        204 + 2 + 88 + 7 + 1,
         "kept with the released history"
     );
     assert_eq!(claim(&s, K, "again"), Claim::Acquired);
     s.complete(K, "again", b"done", LEASE).await.unwrap();
-    assert_eq!(s.stats().bytes, 196 + 2 + 4, "gone with the completion");
+    assert_eq!(s.stats().bytes, 204 + 2 + 4, "gone with the completion");
 }
 
 #[tokio::test(start_paused = true)]
@@ -378,9 +378,11 @@ async fn expired_records_are_dropped_a_few_at_a_time() {
 #[tokio::test(start_paused = true)]
 async fn abandoned_claims_are_counted_until_the_key_is_poisoned() {
     let s = MemoryStore::new();
-    let acquired = |generation, crashes| Claimed::Acquired {
+    let acquired = |generation: u64, crashes| Claimed::Acquired {
         generation,
         crashes,
+        attempts: generation as u32,
+        steps: Some(Vec::new()),
     };
     assert_eq!(counted(&s, "a", 3), acquired(1, 0));
     tokio::time::advance(LEASE).await;
@@ -421,7 +423,9 @@ async fn a_crash_limit_of_zero_never_poisons_and_a_live_claim_is_not_a_crash() {
             counted(&s, &format!("t{generation}"), 0),
             Claimed::Acquired {
                 generation,
-                crashes: generation as u32 - 1
+                crashes: generation as u32 - 1,
+                attempts: generation as u32,
+                steps: Some(Vec::new()),
             }
         );
         assert!(matches!(
@@ -483,7 +487,9 @@ async fn a_claim_refused_for_room_leaves_nothing_behind() {
         s.claim_counted(k, "u", &ClaimOptions::new(LEASE)).unwrap(),
         Claimed::Acquired {
             generation: 1,
-            crashes: 0
+            crashes: 0,
+            attempts: 1,
+            steps: Some(Vec::new()),
         }
     );
 }
@@ -576,7 +582,9 @@ async fn a_forgiven_key_is_kept_as_a_released_keys_history() {
         s.claim_counted(K, "c", &options).unwrap(),
         Claimed::Acquired {
             generation: 2,
-            crashes: 0
+            crashes: 0,
+            attempts: 2,
+            steps: Some(Vec::new()),
         }
     );
     // A lapsed claim: forgiven, so that its takeover counts no crash.
@@ -587,7 +595,9 @@ async fn a_forgiven_key_is_kept_as_a_released_keys_history() {
         s.claim_counted(K, "d", &options).unwrap(),
         Claimed::Acquired {
             generation: 3,
-            crashes: 0
+            crashes: 0,
+            attempts: 3,
+            steps: Some(Vec::new()),
         }
     );
     // A key whose history expired: nothing to forgive, and the key is free without it.
