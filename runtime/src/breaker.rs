@@ -26,8 +26,14 @@
 //! [`tokio::time`], so tests drive the cooldown with a paused clock.
 
 use crate::observe::Event;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// A shared breaker's failure on its way to the fleet: resolves once the fleet's answer (the
+/// count, or an opening) is applied to the local breaker.
+pub(crate) type Reporting = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 pub use crate::record::BreakerState;
 
@@ -729,6 +735,12 @@ impl Permit<'_> {
         } else {
             self.breaker.closed_failure(self.epoch);
         }
+    }
+
+    /// [`failure`](Self::failure), as the retry engine reports it.
+    pub(crate) fn fail(self) -> Option<Reporting> {
+        self.failure();
+        None
     }
 }
 

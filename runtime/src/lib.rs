@@ -109,6 +109,7 @@ pub mod apalis;
 mod attempt;
 mod bounds;
 pub mod breaker;
+pub mod budget;
 mod claim;
 pub mod classify;
 #[cfg(feature = "console")]
@@ -139,6 +140,7 @@ pub mod testing;
 
 pub use attempt::{Attempt, Delivery, attempt, fence};
 pub use breaker::{BreakerState, CircuitBreaker};
+pub use budget::RetryBudget;
 pub use classify::{Transient, Verdict, http_verdict};
 #[cfg(feature = "redis")]
 pub use dead_letter::redis::{RedisDeadLetters, RedriveError};
@@ -321,7 +323,9 @@ pub mod __private {
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::{Guard, Payload, Retry, Spec, accept, breaker, sink};
+    pub use crate::retry::{
+        Guard, IsRetryBudget, Payload, Retry, Spec, accept, breaker, retry_budget, sink,
+    };
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]
     pub use crate::store::postgres::{PgStore, Savepoint};
