@@ -119,7 +119,7 @@ pub(crate) trait Link: Send + Sync {
     fn attached(&self) -> bool;
     /// Asks the fleet for one retry, handing it this process's deposits so far; resolves to
     /// whether the retry may go ahead. Out of reach, it falls back to the local budget.
-    fn withdraw(&self) -> Asking;
+    fn withdraw(self: std::sync::Arc<Self>) -> Asking;
 }
 
 /// A shared budget's answer on its way: whether the retry may go ahead.
@@ -251,7 +251,7 @@ impl RetryBudget {
         if let Some(link) = self.link.get()
             && link.attached()
         {
-            return Withdrawal::Asking(link.withdraw());
+            return Withdrawal::Asking(link.clone().withdraw());
         }
         match self.try_withdraw() {
             true => Withdrawal::Granted,
@@ -298,6 +298,7 @@ impl RetryBudget {
     /// Takes every deposit out of the local slots (inside the window), to hand to the fleet:
     /// their sum, in thousandths of a retry. [`give_back`](Self::give_back) returns it when the
     /// fleet cannot be reached.
+    #[cfg(feature = "redis")]
     pub(crate) fn take_local(&self) -> i64 {
         let now = self.now();
         let mut taken = 0;
@@ -326,6 +327,7 @@ impl RetryBudget {
     }
 
     /// Puts back what [`take_local`](Self::take_local) took, in the current slot.
+    #[cfg(feature = "redis")]
     pub(crate) fn give_back(&self, amount: i64) {
         if amount != 0 {
             self.add(self.now(), amount);
@@ -333,6 +335,7 @@ impl RetryBudget {
     }
 
     /// What `min_per_sec × window` is worth, in thousandths of a retry.
+    #[cfg(feature = "redis")]
     pub(crate) fn reserve(&self) -> i64 {
         self.reserve
     }
@@ -410,6 +413,7 @@ mod tests {
         assert!(b.try_withdraw(), "the old withdrawals expired with their deposits");
     }
 
+    #[cfg(feature = "redis")]
     #[tokio::test(start_paused = true)]
     async fn what_is_taken_for_the_fleet_leaves_the_local_budget_until_given_back() {
         let b = RetryBudget::new(1.0, 0, Duration::from_secs(1));

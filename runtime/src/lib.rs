@@ -117,6 +117,9 @@ pub mod classify;
 pub mod console;
 pub mod dead_letter;
 mod error;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod fleet;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;

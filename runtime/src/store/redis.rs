@@ -585,7 +585,7 @@ impl RedisStore {
     /// (`MOVED`, `ASK` or `TRYAGAIN` still coming back after its own retries, as can happen
     /// while slots migrate under load) is tried again a few times: the node that answered with
     /// it did not run the script, so running it again is safe.
-    async fn invoke<T: redis::FromRedisValue>(
+    pub(crate) async fn invoke<T: redis::FromRedisValue>(
         &self,
         call: &redis::ScriptInvocation<'_>,
     ) -> redis::RedisResult<T> {
