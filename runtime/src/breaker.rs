@@ -681,7 +681,8 @@ impl CircuitBreaker {
             }
             Mode::Rate { ppm, min_calls, .. } => {
                 let (calls, failures) = self.window_counts();
-                calls >= min_calls && u64::from(failures) * 1_000_000 >= u64::from(ppm) * u64::from(calls)
+                calls >= min_calls
+                    && u64::from(failures) * 1_000_000 >= u64::from(ppm) * u64::from(calls)
             }
         };
         if trips {
@@ -742,8 +743,7 @@ impl CircuitBreaker {
     /// while the breaker is open here; `None` otherwise.
     #[cfg(feature = "redis")]
     pub(crate) fn probe_in(&self) -> Option<Duration> {
-        (self.word.load(Ordering::Acquire) & STATE == OPEN)
-            .then(|| self.remaining(clock::now()))
+        (self.word.load(Ordering::Acquire) & STATE == OPEN).then(|| self.remaining(clock::now()))
     }
 
     /// Applies the fleet's state here, raising the transition it makes.

@@ -378,7 +378,10 @@ mod tests {
             b.deposit();
         }
         let granted = (0..50).filter(|_| b.try_withdraw()).count();
-        assert_eq!(granted, 20, "ten from the calls and ten from one a second for 10 s");
+        assert_eq!(
+            granted, 20,
+            "ten from the calls and ten from one a second for 10 s"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -410,7 +413,10 @@ mod tests {
         assert!(!b.try_withdraw());
         tokio::time::advance(Duration::from_secs(2)).await;
         b.deposit();
-        assert!(b.try_withdraw(), "the old withdrawals expired with their deposits");
+        assert!(
+            b.try_withdraw(),
+            "the old withdrawals expired with their deposits"
+        );
     }
 
     #[cfg(feature = "redis")]

@@ -1,6 +1,8 @@
 //! Fleet-wide protection (feature `redis`): one circuit breaker and one retry budget for every
 //! worker process, through Redis.
 //!
+//! (The README's "Fleet-wide protection" shows this module's example; here it compiles.)
+//!
 //! A fleet of twenty workers with a breaker each has twenty breakers: each must fail on its own
 //! before it opens, and each sends its own probes. [`CircuitBreaker::share`] and
 //! [`RetryBudget::share`] make one of each for every process that shares a name:
@@ -11,22 +13,23 @@
 //! use std::time::Duration;
 //!
 //! static GATEWAY: CircuitBreaker = CircuitBreaker::new(5, Duration::from_secs(30)).named("gateway");
+//! // One retry per ten calls, plus one a second, over ten seconds.
 //! static GATEWAY_RETRIES: RetryBudget = RetryBudget::new(0.1, 1, Duration::from_secs(10));
 //!
 //! #[jobguard::retry(attempts = 4, breaker = GATEWAY, retry_budget = GATEWAY_RETRIES)]
 //! async fn capture(order_id: &str) -> Result<u64, std::io::Error> {
 //!     # let _ = order_id;
-//!     Ok(100)
+//!     Ok(100) // the gateway's call
 //! }
 //!
-//! # #[tokio::main]
-//! # async fn main() -> Result<(), jobguard::Error> {
-//! let store = RedisStore::connect("redis://127.0.0.1:6380/").await?;
-//! GATEWAY.share(&store, "gateway").await?;
-//! GATEWAY_RETRIES.share(&store, "gateway").await?;
-//! // Every process that runs these two lines shares one breaker and one budget.
-//! capture("order-A").await?;
-//! # Ok(()) }
+//! #[tokio::main]
+//! async fn main() -> Result<(), jobguard::Error> {
+//!     let store = RedisStore::connect("redis://127.0.0.1:6380/").await?;
+//!     GATEWAY.share(&store, "gateway").await?;          // every process that runs these two
+//!     GATEWAY_RETRIES.share(&store, "gateway").await?;  // lines shares one breaker, one budget
+//!     capture("order-A").await?;
+//!     Ok(())
+//! }
 //! ```
 //!
 //! # The breaker
@@ -491,7 +494,9 @@ impl BreakerLink {
     async fn ask_for_the_probe(&self) {
         let mut call = PROBE.key(&self.key);
         self.common(&mut call);
-        call.arg(millis(self.breaker.cooldown().max(Duration::from_millis(100))));
+        call.arg(millis(
+            self.breaker.cooldown().max(Duration::from_millis(100)),
+        ));
         match self.run(&call).await {
             Ok(answer) => self.apply(answer),
             Err(e) => self.lost(&e),
@@ -574,7 +579,10 @@ impl BudgetLink {
             Ok(granted) => Ok(granted == 1),
             Err(e) => {
                 self.budget.give_back(deposits);
-                Err(Error::Store(format!("shared retry budget {:?}: {e}", self.name)))
+                Err(Error::Store(format!(
+                    "shared retry budget {:?}: {e}",
+                    self.name
+                )))
             }
         }
     }

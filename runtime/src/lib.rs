@@ -96,7 +96,9 @@
 //! - **Inside a guarded body**: [`attempt()`] tells which attempt (and delivery) is running, and
 //!   [`fence()`] the claim's generation, for a downstream that refuses a stalled worker's write.
 //! - **Around a dependency**: a [`CircuitBreaker`] in a `static`, named by `#[retry(breaker =
-//!   ..)]`.
+//!   ..)]`, and a [`RetryBudget`] (`#[retry(retry_budget = ..)]`) that keeps retries to a share
+//!   of the calls. With the `redis` feature, `share` makes either one for every process of a
+//!   fleet (`jobguard::fleet`).
 //! - **Errors**: jobguard's own failures are one [`Error`].
 //!
 //! Maintainers: the workspace, the module graph and where each protocol lives are in the
@@ -192,6 +194,7 @@ pub use jobguard_macros::Transient;
 /// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
 /// `on_ok` (a path to `fn(&T) -> Verdict` or `-> bool`: an `Ok` value it flags is retried, and
 /// the last one returned when the attempts run out), `budget`, `timeout`, `breaker`,
+/// `retry_budget` (a [`RetryBudget`]: each call deposits, each retry withdraws),
 /// `dead_letter`, `payload` (the arguments a dead letter carries for a redrive:
 /// `payload = (order_id, amount)`), `name` (the job's one name in metrics, tracing, events and
 /// dead letters; default: the function's module path and name), `crate`. The README's table

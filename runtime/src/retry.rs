@@ -542,7 +542,12 @@ impl<'a, E> Retry<'a, E> {
     /// Decides what follows a booked outcome: the delay before the next attempt (once the
     /// retry budget, if any, grants it), or the give-up, with the result to return once its
     /// letter is on its way.
-    fn failed<T>(&mut self, result: Result<T, E>, origin: Origin, verdict: Verdict) -> Next<'a, T, E>
+    fn failed<T>(
+        &mut self,
+        result: Result<T, E>,
+        origin: Origin,
+        verdict: Verdict,
+    ) -> Next<'a, T, E>
     where
         E: Describe,
     {
@@ -950,7 +955,10 @@ where
                 } => {
                     ready!(reporting.as_mut().poll(cx));
                     let (origin, verdict) = (*origin, *verdict);
-                    let result = this.held.take().expect("a reported failure holds its result");
+                    let result = this
+                        .held
+                        .take()
+                        .expect("a reported failure holds its result");
                     let next = this.retry.failed(result, origin, verdict);
                     enter(next, this.state, this.timer.as_mut(), this.held);
                 }

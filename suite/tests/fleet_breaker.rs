@@ -27,7 +27,9 @@ fn worker() {
 /// Starts every worker on its 50 jobs, and returns once the gateway is down and counting.
 async fn run_jobs(fleet: &mut Fleet) {
     for id in 0..WORKERS {
-        fleet.send(id, &format!("breaker {} {JOBS}", id as u32 * 1000)).await;
+        fleet
+            .send(id, &format!("breaker {} {JOBS}", id as u32 * 1000))
+            .await;
     }
 }
 
@@ -57,15 +59,24 @@ async fn a_shared_breaker_lets_the_fleet_fail_its_threshold_and_one_probe_per_co
     let mut redis = fleet::connect(&shared.url()).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let epoch: Option<u64> = redis.hget("jobguard:{breaker:gateway}", "epoch").await.unwrap();
+        let epoch: Option<u64> = redis
+            .hget("jobguard:{breaker:gateway}", "epoch")
+            .await
+            .unwrap();
         if epoch.unwrap_or(0) >= 5 {
             break;
         }
-        assert!(Instant::now() < deadline, "the fleet's breaker did not cycle");
+        assert!(
+            Instant::now() < deadline,
+            "the fleet's breaker did not cycle"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let failures_while_down = fleet.count("failures").await;
-    let epoch_at_recovery: u64 = redis.hget("jobguard:{breaker:gateway}", "epoch").await.unwrap();
+    let epoch_at_recovery: u64 = redis
+        .hget("jobguard:{breaker:gateway}", "epoch")
+        .await
+        .unwrap();
     fleet.gateway("up").await;
     every_job_completes(&mut fleet).await;
 
@@ -80,8 +91,15 @@ async fn a_shared_breaker_lets_the_fleet_fail_its_threshold_and_one_probe_per_co
         failures_while_down <= THRESHOLD + in_flight + probes,
         "{failures_while_down} failures > {THRESHOLD} + {in_flight} in flight + {probes} probes"
     );
-    assert_eq!(fleet.count("failures").await, failures_while_down, "no failure after the recovery");
-    let state: String = redis.hget("jobguard:{breaker:gateway}", "state").await.unwrap();
+    assert_eq!(
+        fleet.count("failures").await,
+        failures_while_down,
+        "no failure after the recovery"
+    );
+    let state: String = redis
+        .hget("jobguard:{breaker:gateway}", "state")
+        .await
+        .unwrap();
     assert_eq!(state, "closed");
 }
 
@@ -98,7 +116,9 @@ async fn unshared_breakers_each_fail_their_own_threshold() {
     let failures = fleet
         .wait_for_count("failures", own, Duration::from_secs(30))
         .await;
-    println!("unshared: the gateway saw {failures} failures before the recovery (each worker's {THRESHOLD})");
+    println!(
+        "unshared: the gateway saw {failures} failures before the recovery (each worker's {THRESHOLD})"
+    );
     assert!(failures >= own);
     fleet.gateway("up").await;
     every_job_completes(&mut fleet).await;

@@ -24,7 +24,9 @@ fn worker() {
 async fn unbalanced(fleet: &mut Fleet, shared: Option<&str>) -> (u64, u64) {
     fleet.gateway("up").await;
     for id in 1..WORKERS {
-        fleet.send(id, &format!("budget {} {JOBS}", id as u32 * 1000)).await;
+        fleet
+            .send(id, &format!("budget {} {JOBS}", id as u32 * 1000))
+            .await;
     }
     for id in 1..WORKERS {
         assert_eq!(fleet.reply(id).await, format!("done {JOBS} 0"));
@@ -35,18 +37,28 @@ async fn unbalanced(fleet: &mut Fleet, shared: Option<&str>) -> (u64, u64) {
         let mut redis = fleet::connect(url).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let slots: Vec<i64> = redis.hvals("jobguard:{retry_budget:gateway}").await.unwrap();
+            let slots: Vec<i64> = redis
+                .hvals("jobguard:{retry_budget:gateway}")
+                .await
+                .unwrap();
             if slots.iter().sum::<i64>() >= 15_000 {
                 break;
             }
-            assert!(Instant::now() < deadline, "deposits not handed over: {slots:?}");
+            assert!(
+                Instant::now() < deadline,
+                "deposits not handed over: {slots:?}"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
     fleet.gateway("first").await;
     let calls_before = fleet.count("calls").await;
     let reply = fleet.ask(0, &format!("budget 0 {JOBS}")).await;
-    let words: Vec<u64> = reply.split(' ').skip(1).map(|w| w.parse().unwrap()).collect();
+    let words: Vec<u64> = reply
+        .split(' ')
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
     let (ok, gave_up) = (words[0], words[1]);
     let retries = fleet.count("calls").await - calls_before - u64::from(JOBS);
     assert_eq!(ok, retries, "each retry granted succeeded");
@@ -69,7 +81,10 @@ async fn a_shared_budget_holds_the_fleet_s_retries_to_its_ratio_of_the_fleet_s_c
          bound {bound}; a budget of its own would allow {own}"
     );
     assert!(retries <= bound, "{retries} retries > {bound}");
-    assert!(retries > own, "{retries} retries: the other workers' calls funded none");
+    assert!(
+        retries > own,
+        "{retries} retries: the other workers' calls funded none"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,22 +44,36 @@ async fn a_breaker_and_a_budget_are_shared_through_a_cluster() {
     for _ in 0..3 {
         assert_eq!(down().await, Err(GatewayError::Timeout));
     }
-    assert_eq!(ONE.state(), BreakerState::Open, "the third failure opened it");
+    assert_eq!(
+        ONE.state(),
+        BreakerState::Open,
+        "the third failure opened it"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while OTHER.state() != BreakerState::Open {
-        assert!(Instant::now() < deadline, "the opening did not reach the other breaker");
+        assert!(
+            Instant::now() < deadline,
+            "the opening did not reach the other breaker"
+        );
         tokio::task::yield_now().await;
     }
 
     // Half a retry per call, and no floor: the first call's retry is refused, the second's
     // granted by the two calls' deposits, handed to the fleet.
     let first = std::sync::atomic::AtomicBool::new(true);
-    assert_eq!(flaky(&first).await, Err(GatewayError::Timeout), "0.5: no retry yet");
+    assert_eq!(
+        flaky(&first).await,
+        Err(GatewayError::Timeout),
+        "0.5: no retry yet"
+    );
     let first = std::sync::atomic::AtomicBool::new(true);
     assert_eq!(flaky(&first).await, Ok(()), "0.5 + 0.5: one retry");
 
     // One hash each, each in one slot, on the master that serves it.
-    for key in ["jobguard:{breaker:gateway}", "jobguard:{retry_budget:gateway}"] {
+    for key in [
+        "jobguard:{breaker:gateway}",
+        "jobguard:{retry_budget:gateway}",
+    ] {
         let slot = key_slot(key.as_bytes());
         let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
         assert_eq!(slot, key_slot(tag.as_bytes()));

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 static BURSTY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30));
 static STEADY: CircuitBreaker = CircuitBreaker::new(3, Duration::from_secs(30));
-static BURSTY_RATE: CircuitBreaker = CircuitBreaker::failure_rate(0.75, 10, Duration::from_secs(30));
-static STEADY_RATE: CircuitBreaker = CircuitBreaker::failure_rate(0.75, 10, Duration::from_secs(30));
+static BURSTY_RATE: CircuitBreaker =
+    CircuitBreaker::failure_rate(0.75, 10, Duration::from_secs(30));
+static STEADY_RATE: CircuitBreaker =
+    CircuitBreaker::failure_rate(0.75, 10, Duration::from_secs(30));
 
 /// Waits until the fleet's `count` of failures for `name` is `count`.
 async fn fleet_count(redis: &mut redis::aio::ConnectionManager, name: &str, count: u64) {
@@ -25,7 +27,10 @@ async fn fleet_count(redis: &mut redis::aio::ConnectionManager, name: &str, coun
         if now == Some(count) {
             return;
         }
-        assert!(Instant::now() < deadline, "the fleet's count is {now:?}, not {count}");
+        assert!(
+            Instant::now() < deadline,
+            "the fleet's count is {now:?}, not {count}"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -66,9 +71,17 @@ async fn a_burst_on_one_worker_is_weighed_against_the_others_successes() {
     fleet_count(&mut redis, "row", 0).await;
     fail(&BURSTY).await;
     fail(&BURSTY).await;
-    assert_eq!(BURSTY.state(), BreakerState::Closed, "two and two are not three in a row");
+    assert_eq!(
+        BURSTY.state(),
+        BreakerState::Closed,
+        "two and two are not three in a row"
+    );
     fail(&BURSTY).await;
-    assert_eq!(BURSTY.state(), BreakerState::Open, "three in a row across the fleet");
+    assert_eq!(
+        BURSTY.state(),
+        BreakerState::Open,
+        "three in a row across the fleet"
+    );
 
     // Rate: 10 successes on the steady worker, handed over once the fleet counts failures.
     for _ in 0..10 {
@@ -83,7 +96,10 @@ async fn a_burst_on_one_worker_is_weighed_against_the_others_successes() {
         if windows.iter().filter(|k| k.starts_with("w:")).count() == 2 {
             break;
         }
-        assert!(Instant::now() < deadline, "the steady window was not handed over");
+        assert!(
+            Instant::now() < deadline,
+            "the steady window was not handed over"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     for _ in 0..9 {

@@ -46,7 +46,8 @@ pub const SHARE_ENV: &str = "JOBGUARD_FLEET_SHARE";
 /// 300 ms.
 pub const THRESHOLD: u64 = 5;
 pub const COOLDOWN: Duration = Duration::from_millis(300);
-pub static BREAKER: CircuitBreaker = CircuitBreaker::new(THRESHOLD as u32, COOLDOWN).named("gateway");
+pub static BREAKER: CircuitBreaker =
+    CircuitBreaker::new(THRESHOLD as u32, COOLDOWN).named("gateway");
 
 /// The retry budget: one retry per ten calls, plus one a second over 10 s.
 pub const RATIO: f64 = 0.1;
@@ -117,10 +118,16 @@ async fn work(fleet: &str, gateway: &str, id: &str, share: &str) {
     let _ = runtime.install();
     let store = RedisStore::connect(fleet).await.expect("the fleet's Redis");
     if share.contains("breaker") {
-        BREAKER.share(&store, "gateway").await.expect("share the breaker");
+        BREAKER
+            .share(&store, "gateway")
+            .await
+            .expect("share the breaker");
     }
     if share.contains("budget") {
-        BUDGET.share(&store, "gateway").await.expect("share the budget");
+        BUDGET
+            .share(&store, "gateway")
+            .await
+            .expect("share the budget");
     }
     let gateway = connect(gateway).await;
     let mut commands = gateway.clone();
@@ -135,7 +142,12 @@ async fn work(fleet: &str, gateway: &str, id: &str, share: &str) {
             .await
             .expect("a command");
         let words: Vec<&str> = command.split(' ').collect();
-        let number = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok()).unwrap_or(0);
+        let number = |i: usize| {
+            words
+                .get(i)
+                .and_then(|w| w.parse::<u32>().ok())
+                .unwrap_or(0)
+        };
         let reply = match words[0] {
             "breaker" => {
                 for job in number(1)..number(1) + number(2) {
@@ -144,7 +156,9 @@ async fn work(fleet: &str, gateway: &str, id: &str, share: &str) {
                             Ok(()) => break,
                             Err(GatewayError::Jobguard(jobguard::Error::CircuitOpen {
                                 retry_in,
-                            })) => tokio::time::sleep(retry_in.max(Duration::from_millis(20))).await,
+                            })) => {
+                                tokio::time::sleep(retry_in.max(Duration::from_millis(20))).await
+                            }
                             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
                         }
                     }
@@ -189,7 +203,10 @@ pub async fn connect(url: &str) -> ConnectionManager {
 
 /// Whether the last `Shared` event of `kind` in a worker's `events` reply says `shared`.
 pub fn last_shared(events: &str, kind: &str, shared: bool) -> bool {
-    events.rsplit(' ').find(|e| e.starts_with(&format!("{kind}:"))) == Some(&format!("{kind}:{shared}"))
+    events
+        .rsplit(' ')
+        .find(|e| e.starts_with(&format!("{kind}:")))
+        == Some(&format!("{kind}:{shared}"))
 }
 
 /// The worker processes of one test, killed when dropped.
