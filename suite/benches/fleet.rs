@@ -6,6 +6,9 @@
 //! cargo bench -p jobguard-suite --bench fleet -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
+//! The yardsticks of a round trip: a `PING`, and a script of the failure script's shape (count
+//! in a hash, publish on a channel), through the same kind of connection.
+//!
 //! The failure group runs one `#[retry(attempts = 1, breaker = ..)]` call that fails (its dead
 //! letter to a sink that drops it), on a breaker whose threshold is never reached, so every
 //! call is a closed breaker's failure: counted locally, or counted in Redis and waited for.
@@ -87,6 +90,25 @@ fn fleet(c: &mut Criterion) {
             async move {
                 let pong: String = redis::cmd("PING").query_async(&mut ping).await.unwrap();
                 black_box(pong)
+            }
+        })
+    });
+    // A script of the failure script's shape: count in a hash, publish on a channel.
+    let script = redis::Script::new(
+        "local n = redis.call('HINCRBY', KEYS[1], 'count', 1) \
+         redis.call('PUBLISH', KEYS[1], n) return n",
+    );
+    group.bench_function("redis-rs EVALSHA: HINCRBY + PUBLISH (one round trip)", |b| {
+        b.to_async(&tokio).iter(|| {
+            let mut ping = ping.clone();
+            let script = &script;
+            async move {
+                let n: i64 = script
+                    .key("bench:script")
+                    .invoke_async(&mut ping)
+                    .await
+                    .unwrap();
+                black_box(n)
             }
         })
     });
