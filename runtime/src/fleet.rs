@@ -23,7 +23,7 @@
 //! }
 //!
 //! #[tokio::main]
-//! async fn main() -> Result<(), jobguard::Error> {
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let store = RedisStore::connect("redis://127.0.0.1:6380/").await?;
 //!     GATEWAY.share(&store, "gateway").await?;          // every process that runs these two
 //!     GATEWAY_RETRIES.share(&store, "gateway").await?;  // lines shares one breaker, one budget

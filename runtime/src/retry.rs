@@ -34,20 +34,18 @@
 //!
 //! | state    | on a poll                                                   | next                 |
 //! |----------|-------------------------------------------------------------|----------------------|
-//! | `Admit`  | ask the breaker; count the attempt; set its time limit      | `Run`, or `GiveUp` when the breaker refuses |
-//! | `Run`    | poll the attempt (and its time limit)                       | resolve `Break(Ok)` when the outcome is accepted; `Report` when a shared breaker must hear of the failure; else [`decide`]: `Sleep`, `Ask` or `GiveUp` |
-//! | `Report` | wait for a shared breaker's answer to the failure (one round trip to Redis) | [`decide`]: `Sleep`, `Ask` or `GiveUp` |
-//! | `Ask`    | wait for a shared retry budget's answer (one round trip)    | `Sleep` when it grants the retry, else `GiveUp` |
+//! | `Admit`  | ask the breaker; count the attempt; set its time limit      | `Run`, or `Wait` (for the letter) when the breaker refuses |
+//! | `Run`    | poll the attempt (and its time limit)                       | resolve `Break(Ok)` when the outcome is accepted; `Wait` when a shared breaker must hear of the failure; else [`decide`]: `Sleep`, or `Wait` (for a shared budget, or the letter) |
+//! | `Wait`   | wait for a shared breaker's answer to the failure, or a shared retry budget's to the retry (one round trip to Redis each), or for the dead letter to be on its way | after the breaker: [`decide`]; after the budget: `Sleep`, or `Wait` for the letter; after the letter: resolve `Break(result)` |
 //! | `Sleep`  | wait out the delay (a zero delay sets no timer)             | resolve `Continue`   |
-//! | `GiveUp` | send the dead letter (or hand the job back to its runner)   | resolve `Break(result)` |
 //! | `Done`   | a resolved round polled again: panic                        |                      |
 //!
 //! A round that is dropped mid-way drops its attempt, its timer and its breaker permit (a
 //! half-open probe's slot is given back).
 //!
 //! A retry the policy decides on is asked of the call's [`RetryBudget`], if it has one, after
-//! [`decide`]: a process's own budget answers at once (the `Ask` state is skipped), and an empty
-//! one ends the call as [`GiveUp::RetryBudget`]. Each call deposits in the budget when it
+//! [`decide`]: a process's own budget answers at once (no `Wait`), and an empty one ends the
+//! call as [`GiveUp::RetryBudget`]. Each call deposits in the budget when it
 //! starts ([`Retry::new`]).
 //!
 //! # What a call costs
@@ -389,7 +387,7 @@ impl<'a, E> Retry<'a, E> {
             on_ok: Some(on_ok),
             state: State::Admit,
             permit: None,
-            held: None,
+            waiting: None,
             attempt,
             timer: None,
         }
@@ -796,12 +794,11 @@ pin_project_lite::pin_project! {
         retry: &'r mut Retry<'a, E>,
         on_err: Option<C>,
         on_ok: Option<K>,
-        state: State<'a>,
+        state: State,
         // The breaker's permit while the attempt runs.
         permit: Option<Permit<'a>>,
-        // The failed attempt's result while the round waits on the fleet or on the dead
-        // letter: returned once the letter is on its way.
-        held: Option<Result<T, E>>,
+        // What the round waits on in the `Wait` state, with the failed attempt's result.
+        waiting: Option<Waiting<'a, T, E>>,
         #[pin]
         attempt: F,
         // The attempt's time limit while it runs; the delay before the next attempt while the
@@ -811,16 +808,29 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// Where a [`Round`] is, with what it waits on there (the rest is in its other fields).
-enum State<'a> {
+/// Where a [`Round`] is (what it holds for each state is in its other fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
     /// Not polled yet.
     Admit,
     /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout
     /// or the budget's end).
     Run { cut: Origin },
-    /// The attempt failed, and a shared breaker is hearing of it (one round trip): the failure
-    /// is decided on once the fleet's answer is in.
+    /// The attempt failed, and the round waits on what `waiting` says: the fleet's answer, or
+    /// the dead letter on its way.
+    Wait,
+    /// The attempt failed; the next one starts when the timer fires (at once without one).
+    Sleep,
+    /// The round resolved.
+    Done,
+}
+
+/// What a round in the `Wait` state waits on, each with the failed attempt's result.
+enum Waiting<'a, T, E> {
+    /// A shared breaker hears of the failure (one round trip); the failure is decided on once
+    /// the fleet's answer is in.
     Report {
+        result: Result<T, E>,
         origin: Origin,
         verdict: Verdict,
         reporting: Reporting,
@@ -828,24 +838,24 @@ enum State<'a> {
     /// The policy would retry after `delay`, and a shared retry budget is asked for the retry
     /// (one round trip).
     Ask {
+        result: Result<T, E>,
         delay: Duration,
         verdict: Verdict,
         asking: Asking,
     },
-    /// The attempt failed; the next one starts when the timer fires (at once without one).
-    Sleep,
-    /// The call gave up: the dead letter is being sent, and the result is returned after it.
-    GiveUp { sending: Sending<'a> },
-    /// The round resolved.
-    Done,
+    /// The call gave up: the dead letter is on its way, and the result is returned after it.
+    Letter {
+        result: Result<T, E>,
+        sending: Sending<'a>,
+    },
 }
 
 /// Enters the state that `next` says follows a failed outcome.
 fn enter<'a, T, E>(
     next: Next<'a, T, E>,
-    state: &mut State<'a>,
+    state: &mut State,
     mut timer: Pin<&mut Option<Sleep>>,
-    held: &mut Option<Result<T, E>>,
+    waiting: &mut Option<Waiting<'a, T, E>>,
 ) {
     *state = match next {
         Next::RetryAfter(delay) => {
@@ -855,8 +865,8 @@ fn enter<'a, T, E>(
             State::Sleep
         }
         Next::GiveUp(result, sending) => {
-            *held = Some(result);
-            State::GiveUp { sending }
+            *waiting = Some(Waiting::Letter { result, sending });
+            State::Wait
         }
         Next::Ask {
             result,
@@ -864,12 +874,13 @@ fn enter<'a, T, E>(
             verdict,
             asking,
         } => {
-            *held = Some(result);
-            State::Ask {
+            *waiting = Some(Waiting::Ask {
+                result,
                 delay,
                 verdict,
                 asking,
-            }
+            });
+            State::Wait
         }
     };
 }
@@ -887,16 +898,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state {
+            match *this.state {
                 State::Admit => match this.retry.admit(this.permit, this.timer.as_mut()) {
                     Ok(cut) => *this.state = State::Run { cut },
                     Err((result, sending)) => {
-                        *this.held = Some(result);
-                        *this.state = State::GiveUp { sending };
+                        *this.waiting = Some(Waiting::Letter { result, sending });
+                        *this.state = State::Wait;
                     }
                 },
                 State::Run { cut } => {
-                    let cut = *cut;
                     let attempt = this.attempt.as_mut();
                     let polled = this.retry.poll_attempt(|| attempt.poll(cx));
                     let (result, origin) = match polled {
@@ -935,49 +945,54 @@ where
                     this.timer.set(None);
                     match this.retry.book(&result, origin, verdict, permit) {
                         Some(reporting) => {
-                            *this.held = Some(result);
-                            *this.state = State::Report {
+                            *this.waiting = Some(Waiting::Report {
+                                result,
                                 origin,
                                 verdict,
                                 reporting,
-                            };
+                            });
+                            *this.state = State::Wait;
                         }
                         None => {
                             let next = this.retry.failed(result, origin, verdict);
-                            enter(next, this.state, this.timer.as_mut(), this.held);
+                            enter(next, this.state, this.timer.as_mut(), this.waiting);
                         }
                     }
                 }
-                State::Report {
-                    origin,
-                    verdict,
-                    reporting,
-                } => {
-                    ready!(reporting.as_mut().poll(cx));
-                    let (origin, verdict) = (*origin, *verdict);
-                    let result = this
-                        .held
-                        .take()
-                        .expect("a reported failure holds its result");
-                    let next = this.retry.failed(result, origin, verdict);
-                    enter(next, this.state, this.timer.as_mut(), this.held);
-                }
-                State::Ask {
-                    delay,
-                    verdict,
-                    asking,
-                } => {
-                    let granted = ready!(asking.as_mut().poll(cx));
-                    let (delay, verdict) = (*delay, *verdict);
-                    let result = this.held.take().expect("a budgeted retry holds its result");
-                    let next = match granted {
-                        true => {
-                            this.retry.retrying(delay, verdict, &result);
-                            Next::RetryAfter(delay)
+                State::Wait => {
+                    let waited = match this.waiting.as_mut().expect("a waiting round") {
+                        Waiting::Report { reporting, .. } => {
+                            reporting.as_mut().poll(cx).map(|()| true)
                         }
-                        false => this.retry.out_of_budget(result),
+                        Waiting::Ask { asking, .. } => asking.as_mut().poll(cx),
+                        Waiting::Letter { sending, .. } => sending.as_mut().poll(cx).map(|()| true),
                     };
-                    enter(next, this.state, this.timer.as_mut(), this.held);
+                    let granted = ready!(waited);
+                    let next = match this.waiting.take().expect("a waiting round") {
+                        Waiting::Report {
+                            result,
+                            origin,
+                            verdict,
+                            ..
+                        } => this.retry.failed(result, origin, verdict),
+                        Waiting::Ask {
+                            result,
+                            delay,
+                            verdict,
+                            ..
+                        } => match granted {
+                            true => {
+                                this.retry.retrying(delay, verdict, &result);
+                                Next::RetryAfter(delay)
+                            }
+                            false => this.retry.out_of_budget(result),
+                        },
+                        Waiting::Letter { result, .. } => {
+                            *this.state = State::Done;
+                            return Poll::Ready(ControlFlow::Break(result));
+                        }
+                    };
+                    enter(next, this.state, this.timer.as_mut(), this.waiting);
                 }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
@@ -985,12 +1000,6 @@ where
                     }
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
-                }
-                State::GiveUp { sending } => {
-                    ready!(sending.as_mut().poll(cx));
-                    *this.state = State::Done;
-                    let result = this.held.take().expect("a give-up holds its result");
-                    return Poll::Ready(ControlFlow::Break(result));
                 }
                 State::Done => panic!("a retry round polled after it resolved"),
             }
