@@ -279,14 +279,8 @@ impl breaker::Link for BreakerLink {
 
     fn failed(self: Arc<Self>, epoch: u32) -> Reporting {
         Box::pin(async move {
-            let (calls, failures) = self.breaker.window_counts();
-            let mut call = FAILED.key(&self.key);
-            self.common(&mut call);
-            self.rule(&mut call);
-            call.arg(millis(self.breaker.cooldown()))
-                .arg(calls)
-                .arg(failures)
-                .arg(millis(WINDOW_STALE));
+            let mut call = self.outcome(&FAILED);
+            call.arg(millis(self.breaker.cooldown()));
             match self.run(&call).await {
                 Ok(answer) => self.apply(answer),
                 Err(e) => {
@@ -329,12 +323,19 @@ impl BreakerLink {
         call.arg(&self.key).arg(&self.me);
     }
 
-    /// The breaker's rule: `c threshold 0` or `r ppm min_calls`.
-    fn rule(&self, call: &mut redis::ScriptInvocation<'_>) {
+    /// A call of a script that hears of outcomes (`FAILED`, `SUCCEEDED`): the channel, this
+    /// process, the breaker's rule (`c threshold 0` or `r ppm min_calls`), this process's
+    /// window (calls, failures) and how long a window counts.
+    fn outcome<'s>(&self, script: &'s Script) -> redis::ScriptInvocation<'s> {
+        let mut call = script.key(&self.key);
+        self.common(&mut call);
         match self.breaker.rule() {
             Rule::Consecutive { threshold } => call.arg("c").arg(threshold).arg(0),
-            Rule::Rate { ppm, min_calls, .. } => call.arg("r").arg(ppm).arg(min_calls),
+            Rule::Rate { ppm, min_calls } => call.arg("r").arg(ppm).arg(min_calls),
         };
+        let (calls, failures) = self.breaker.window_counts();
+        call.arg(calls).arg(failures).arg(millis(WINDOW_STALE));
+        call
     }
 
     async fn run(&self, call: &redis::ScriptInvocation<'_>) -> Result<Answer, Error> {
@@ -504,11 +505,7 @@ impl BreakerLink {
     }
 
     async fn report_success(&self) {
-        let (calls, failures) = self.breaker.window_counts();
-        let mut call = SUCCEEDED.key(&self.key);
-        self.common(&mut call);
-        self.rule(&mut call);
-        call.arg(calls).arg(failures).arg(millis(WINDOW_STALE));
+        let call = self.outcome(&SUCCEEDED);
         match self.run(&call).await {
             Ok(answer) => self.apply(answer),
             Err(e) => self.lost(&e),
@@ -650,6 +647,12 @@ local function windows(stale)
   end
   return calls, failures
 end
+local function hand_over(calls, failures, stale)
+  redis.call('HSET', key, 'w:' .. me, calls .. ':' .. failures .. ':' .. num(now))
+  local c, n = windows(tonumber(stale))
+  count = n
+  return c
+end
 local function publish()
   redis.call('PUBLISH', ch, state .. ' ' .. num(epoch) .. ' ' .. num(left()) .. ' ' ..
     num(count) .. ' ' .. (holder ~= '' and holder or '-'))
@@ -684,8 +687,8 @@ fn breaker_script(body: &str) -> Script {
 }
 
 // A transient failure of a call admitted closed. ARGV[3..]: the rule (`c threshold 0` or
-// `r ppm min_calls`), the cooldown in ms, this process's window (calls, failures) and how long
-// a window counts in ms. Counted only while the fleet's breaker is closed.
+// `r ppm min_calls`), this process's window (calls, failures), how long a window counts in ms,
+// and the cooldown in ms. Counted only while the fleet's breaker is closed.
 static FAILED: LazyLock<Script> = LazyLock::new(|| {
     breaker_script(
         r#"
@@ -695,21 +698,19 @@ if state == 'closed' then
     count = redis.call('HINCRBY', key, 'count', 1)
     trips = count >= tonumber(ARGV[4])
   else
-    redis.call('HSET', key, 'w:' .. me, ARGV[7] .. ':' .. ARGV[8] .. ':' .. num(now))
-    local calls, failures = windows(tonumber(ARGV[9]))
-    count = failures
+    local calls = hand_over(ARGV[6], ARGV[7], ARGV[8])
     redis.call('HSET', key, 'count', count)
-    trips = calls >= tonumber(ARGV[5]) and failures * 1000000 >= tonumber(ARGV[4]) * calls
+    trips = calls >= tonumber(ARGV[5]) and count * 1000000 >= tonumber(ARGV[4]) * calls
   end
-  if trips then go('open', tonumber(ARGV[6])) else publish() end
+  if trips then go('open', tonumber(ARGV[9])) else publish() end
 end
 return answer()
 "#,
     )
 });
 
-// Successes since the fleet's count became non-zero. ARGV[3..]: the rule, this process's
-// window (calls, failures), how long a window counts in ms.
+// Successes since the fleet's count became non-zero. ARGV[3..]: as for a failure, but for the
+// cooldown.
 static SUCCEEDED: LazyLock<Script> = LazyLock::new(|| {
     breaker_script(
         r#"
@@ -718,9 +719,7 @@ if state == 'closed' then
   if ARGV[3] == 'c' then
     count = 0
   else
-    redis.call('HSET', key, 'w:' .. me, ARGV[6] .. ':' .. ARGV[7] .. ':' .. num(now))
-    local _, failures = windows(tonumber(ARGV[8]))
-    count = failures
+    hand_over(ARGV[6], ARGV[7], ARGV[8])
   end
   if count ~= was then
     redis.call('HSET', key, 'count', count)

@@ -98,20 +98,23 @@ fn fleet(c: &mut Criterion) {
         "local n = redis.call('HINCRBY', KEYS[1], 'count', 1) \
          redis.call('PUBLISH', KEYS[1], n) return n",
     );
-    group.bench_function("redis-rs EVALSHA: HINCRBY + PUBLISH (one round trip)", |b| {
-        b.to_async(&tokio).iter(|| {
-            let mut ping = ping.clone();
-            let script = &script;
-            async move {
-                let n: i64 = script
-                    .key("bench:script")
-                    .invoke_async(&mut ping)
-                    .await
-                    .unwrap();
-                black_box(n)
-            }
-        })
-    });
+    group.bench_function(
+        "redis-rs EVALSHA: HINCRBY + PUBLISH (one round trip)",
+        |b| {
+            b.to_async(&tokio).iter(|| {
+                let mut ping = ping.clone();
+                let script = &script;
+                async move {
+                    let n: i64 = script
+                        .key("bench:script")
+                        .invoke_async(&mut ping)
+                        .await
+                        .unwrap();
+                    black_box(n)
+                }
+            })
+        },
+    );
     group.finish();
     drop(ping);
 }

@@ -11,7 +11,6 @@
 mod fleet;
 
 use fleet::{Fleet, THRESHOLD};
-use jobguard_testkit::redis::RedisServer;
 use redis::AsyncCommands;
 use std::time::{Duration, Instant};
 
@@ -48,15 +47,14 @@ async fn every_job_completes(fleet: &mut Fleet) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_breaker_lets_the_fleet_fail_its_threshold_and_one_probe_per_cooldown() {
-    let (Some(shared), Some(gateway)) = (RedisServer::start(), RedisServer::start()) else {
+    let Some(mut fleet) = Fleet::start(WORKERS, "breaker").await else {
         return;
     };
-    let mut fleet = Fleet::start(WORKERS, &shared.url(), &gateway.url(), "breaker").await;
     fleet.gateway("down").await;
     run_jobs(&mut fleet).await;
 
     // Open (epoch 1), half-open and re-opened twice (epochs 2 to 5): two probes failed.
-    let mut redis = fleet::connect(&shared.url()).await;
+    let mut redis = fleet::connect(&fleet.redis.url()).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let epoch: Option<u64> = redis
@@ -105,10 +103,9 @@ async fn a_shared_breaker_lets_the_fleet_fail_its_threshold_and_one_probe_per_co
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unshared_breakers_each_fail_their_own_threshold() {
-    let (Some(shared), Some(gateway)) = (RedisServer::start(), RedisServer::start()) else {
+    let Some(mut fleet) = Fleet::start(WORKERS, "").await else {
         return;
     };
-    let mut fleet = Fleet::start(WORKERS, &shared.url(), &gateway.url(), "").await;
     fleet.gateway("down").await;
     run_jobs(&mut fleet).await;
     // Every worker has to trip its own breaker: the gateway sees each one's threshold.

@@ -6,7 +6,6 @@
 mod fleet;
 
 use fleet::{FLOOR, Fleet, RATIO};
-use jobguard_testkit::redis::RedisServer;
 use redis::AsyncCommands;
 use std::time::{Duration, Instant};
 
@@ -68,11 +67,11 @@ async fn unbalanced(fleet: &mut Fleet, shared: Option<&str>) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_budget_holds_the_fleet_s_retries_to_its_ratio_of_the_fleet_s_calls() {
-    let (Some(shared), Some(gateway)) = (RedisServer::start(), RedisServer::start()) else {
+    let Some(mut fleet) = Fleet::start(WORKERS, "budget").await else {
         return;
     };
-    let mut fleet = Fleet::start(WORKERS, &shared.url(), &gateway.url(), "budget").await;
-    let (retries, refused) = unbalanced(&mut fleet, Some(&shared.url())).await;
+    let url = fleet.redis.url();
+    let (retries, refused) = unbalanced(&mut fleet, Some(&url)).await;
     let calls = u64::from(JOBS) * WORKERS as u64;
     let bound = (RATIO * calls as f64) as u64 + FLOOR;
     let own = (RATIO * f64::from(JOBS)) as u64 + FLOOR;
@@ -89,10 +88,9 @@ async fn a_shared_budget_holds_the_fleet_s_retries_to_its_ratio_of_the_fleet_s_c
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unshared_budgets_fund_a_worker_s_retries_from_its_own_calls_only() {
-    let (Some(shared), Some(gateway)) = (RedisServer::start(), RedisServer::start()) else {
+    let Some(mut fleet) = Fleet::start(WORKERS, "").await else {
         return;
     };
-    let mut fleet = Fleet::start(WORKERS, &shared.url(), &gateway.url(), "").await;
     let (retries, _) = unbalanced(&mut fleet, None).await;
     let own = (RATIO * f64::from(JOBS)) as u64 + FLOOR;
     println!("unshared: {retries} retries, its own 10% and the floor: {own}");

@@ -7,7 +7,6 @@
 mod fleet;
 
 use fleet::{Fleet, THRESHOLD, last_shared};
-use jobguard_testkit::redis::RedisServer;
 use std::time::Duration;
 
 /// The worker role: runs only when the test below starts this binary as a worker.
@@ -20,13 +19,12 @@ const WITHIN: Duration = Duration::from_secs(20);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_fall_back_to_their_own_breaker_and_share_again_when_redis_is_back() {
-    let (Some(mut shared), Some(gateway)) = (RedisServer::start(), RedisServer::start()) else {
+    let Some(mut fleet) = Fleet::start(2, "breaker,budget").await else {
         return;
     };
-    let mut fleet = Fleet::start(2, &shared.url(), &gateway.url(), "breaker,budget").await;
     fleet.gateway("down").await;
 
-    shared.stop();
+    fleet.redis.stop();
     for id in 0..2 {
         fleet
             .ask_until(id, "events", WITHIN, |e| {
@@ -41,7 +39,7 @@ async fn workers_fall_back_to_their_own_breaker_and_share_again_when_redis_is_ba
 
     // The gateway recovers while Redis is down; Redis comes back on the same port.
     fleet.gateway("up").await;
-    shared.restart();
+    fleet.redis.restart();
     for id in 0..2 {
         fleet
             .ask_until(id, "events", WITHIN, |e| {

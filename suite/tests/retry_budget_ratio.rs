@@ -37,7 +37,11 @@ async fn retries_beyond_the_budget_are_not_made_and_the_letter_says_so() {
             assert_eq!(CALLS.load(Ordering::SeqCst), 11);
             let letters = letters.letters();
             assert_eq!(letters.len(), 9);
-            assert!(letters.iter().all(|l| l.reason == GiveUp::RetryBudget && l.attempts == 1));
+            assert!(
+                letters
+                    .iter()
+                    .all(|l| l.reason == GiveUp::RetryBudget && l.attempts == 1)
+            );
             assert_eq!(letters[0].reason.as_str(), "retry_budget");
 
             // Past the window, the deposits are gone: ten more calls earn the next retry.

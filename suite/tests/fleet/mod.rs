@@ -26,7 +26,7 @@
 
 use jobguard::{CircuitBreaker, Event, RedisStore, RetryBudget, Runtime};
 use jobguard_testkit::gateway::GatewayError;
-use jobguard_testkit::redis::rerun_test;
+use jobguard_testkit::redis::{RedisServer, rerun_test};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use std::process::{Child, Stdio};
@@ -209,22 +209,29 @@ pub fn last_shared(events: &str, kind: &str, shared: bool) -> bool {
         == Some(&format!("{kind}:{shared}"))
 }
 
-/// The worker processes of one test, killed when dropped.
+/// The worker processes of one test and its two servers, killed when dropped.
 pub struct Fleet {
+    /// The fleet's Redis, which a test may stop and restart.
+    pub redis: RedisServer,
     gateway: ConnectionManager,
     children: Vec<Child>,
+    _gateway_server: RedisServer,
 }
 
 impl Fleet {
-    /// Starts `n` workers (ids `0..n`) sharing `share` through `fleet_url`, calling the gateway
-    /// at `gateway_url`, and waits until each is ready.
-    pub async fn start(n: usize, fleet_url: &str, gateway_url: &str, share: &str) -> Fleet {
-        let gateway = connect(gateway_url).await;
+    /// Starts the fleet's Redis, the gateway and `n` workers (ids `0..n`) sharing `share`, and
+    /// waits until each worker is ready; `None` (the test skips) without `redis-server`.
+    pub async fn start(n: usize, share: &str) -> Option<Fleet> {
+        let (Some(redis), Some(gateway_server)) = (RedisServer::start(), RedisServer::start())
+        else {
+            return None;
+        };
+        let gateway = connect(&gateway_server.url()).await;
         let children = (0..n)
             .map(|id| {
                 rerun_test("worker")
-                    .env(WORKER_ENV, fleet_url)
-                    .env(GATEWAY_ENV, gateway_url)
+                    .env(WORKER_ENV, redis.url())
+                    .env(GATEWAY_ENV, gateway_server.url())
                     .env(ID_ENV, id.to_string())
                     .env(SHARE_ENV, share)
                     .stdout(Stdio::null())
@@ -232,11 +239,16 @@ impl Fleet {
                     .expect("start a worker")
             })
             .collect();
-        let mut fleet = Fleet { gateway, children };
+        let mut fleet = Fleet {
+            redis,
+            gateway,
+            children,
+            _gateway_server: gateway_server,
+        };
         for id in 0..n {
             assert_eq!(fleet.reply(id).await, "ready");
         }
-        fleet
+        Some(fleet)
     }
 
     /// Sends `command` to worker `id`.
