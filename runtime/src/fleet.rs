@@ -434,7 +434,7 @@ impl BreakerLink {
         let mut call = SYNC.key(&self.key);
         self.common(&mut call);
         call.arg(self.epoch.load(Ordering::Acquire))
-            .arg(millis(open_for).saturating_sub(u64::from(open_for.is_zero())));
+            .arg(millis(open_for));
         let answer = self.run(&call).await?;
         // The fleet's epoch after a rejoin may be one this process has passed (Redis lost its
         // data): it is the one to follow from now on.
