@@ -67,8 +67,20 @@ async fn a_burst_on_one_worker_is_weighed_against_the_others_successes() {
     fail(&BURSTY).await;
     fail(&BURSTY).await;
     fleet_count(&mut redis, "row", 2).await;
-    STEADY.acquire().unwrap().success();
-    fleet_count(&mut redis, "row", 0).await;
+    // The steady worker's next success, once it has heard of the count, resets it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        STEADY.acquire().unwrap().success();
+        let count: Option<u64> = redis.hget("jobguard:{breaker:row}", "count").await.unwrap();
+        if count == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the success did not reset the count"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     fail(&BURSTY).await;
     fail(&BURSTY).await;
     assert_eq!(
@@ -83,15 +95,17 @@ async fn a_burst_on_one_worker_is_weighed_against_the_others_successes() {
         "three in a row across the fleet"
     );
 
-    // Rate: 10 successes on the steady worker, handed over once the fleet counts failures.
+    // Rate: a window of 10 successes on the steady worker.
     for _ in 0..10 {
         STEADY_RATE.acquire().unwrap().success();
     }
     fail(&BURSTY_RATE).await;
-    STEADY_RATE.acquire().unwrap().success();
+    // The steady worker goes on succeeding; once it has heard that the fleet counts a failure,
+    // its next success hands its window over.
     let key = "jobguard:{breaker:rate}";
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
+        STEADY_RATE.acquire().unwrap().success();
         let windows: Vec<String> = redis.hkeys(key).await.unwrap();
         if windows.iter().filter(|k| k.starts_with("w:")).count() == 2 {
             break;
