@@ -323,7 +323,9 @@ fn attr_args(attr: &Attribute, errors: &mut Errors) -> TokenStream {
 //                         .key(&__jobguard_key);      // payload, and a `const` policy
 //                 let mut __jobguard_retry =          // the call's state; `Guard::of(..)`
 //                     Retry::new(&__jobguard_spec, Guard::none());  // with a breaker, a
-//                 loop {                                  // timeout or a budget
+//                                                   // timeout or a budget; then
+//                                                   // `.retry_budget(..)` with one
+//                 loop {
 //                     if let ControlFlow::Break(__jobguard_done) = __jobguard_retry
 //                         .round(async { body }, transient, accept)  // one attempt, its error
 //                         .await                                     // and `Ok` classifiers
@@ -658,6 +660,16 @@ fn retry_loop(
         (None, true) => quote_spanned!(ret.span()=> #guard::of(::core::option::Option::None)),
         (None, false) => quote_spanned!(ret.span()=> #guard::none()),
     };
+    // The retry budget, like the breaker, is evaluated once per call, through a call that
+    // makes anything but a `RetryBudget` an error in words on its expression.
+    let budget_once = r.retry_budget.as_ref().map(|b| {
+        let krate = respanned(krate, b.span());
+        quote_spanned!(b.span()=> let __jobguard_retry_budget = #krate::__private::retry_budget(&#b);)
+    });
+    let guard = match &r.retry_budget {
+        Some(_) => quote!(#guard.retry_budget(__jobguard_retry_budget)),
+        None => guard,
+    };
     // Each path carries, `krate` included, the span of the tokens it is about: a path whose
     // tokens mix spans is reported on the whole attribute.
     let classify = match &r.on {
@@ -700,6 +712,7 @@ fn retry_loop(
         #policy
         #spec
         #breaker_once
+        #budget_once
         let mut __jobguard_retry = #retry::new(&#spec_name, #guard);
         loop {
             if let ::core::ops::ControlFlow::Break(__jobguard_done) = #round {

@@ -123,6 +123,16 @@ const CASES: &[Case] = &[
         "#,
     },
     Case {
+        name: "retry_budget",
+        kind: Kind::Retry,
+        args: r#"attempts = 3, breaker = GATEWAY, retry_budget = GATEWAY_RETRIES"#,
+        item: r#"
+            async fn capture(order_id: &str) -> Result<Receipt, GatewayError> {
+                gateway().capture(order_id, 100).await
+            }
+        "#,
+    },
+    Case {
         name: "timeout",
         kind: Kind::Retry,
         args: r#"attempts = 3, timeout = "2s""#,

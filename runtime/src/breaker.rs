@@ -26,8 +26,72 @@
 //! [`tokio::time`], so tests drive the cooldown with a paused clock.
 
 use crate::observe::Event;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// A shared breaker's failure on its way to the fleet: resolves once the fleet's answer (the
+/// count, or an opening) is applied to the local breaker.
+pub(crate) type Reporting = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a shared breaker asks of the fleet, implemented by `crate::fleet` (feature `redis`), so
+/// that this module does not depend on it. While [`attached`](Link::attached) is `false` (Redis
+/// out of reach) the breaker is the process's own, and none of the rest is called.
+pub(crate) trait Link: Send + Sync {
+    /// Whether the fleet decides the breaker's transitions.
+    fn attached(&self) -> bool;
+    /// Whether the fleet counts failures now (a failure-rate breaker's successes are then
+    /// reported, to weigh against them).
+    fn dirty(&self) -> bool;
+    /// A transient failure of a call admitted closed in local `epoch`: counted in Redis, and the
+    /// fleet's answer applied; out of reach, counted by the local rule.
+    fn failed(self: std::sync::Arc<Self>, epoch: u32) -> Reporting;
+    /// The outcome of the probe this process holds: the fleet's breaker closes or re-opens.
+    fn settled(self: std::sync::Arc<Self>, closed: bool) -> Reporting;
+    /// A success to report, in the background: resets the fleet's count of failures in a row,
+    /// or hands over this process's window.
+    fn succeeded(&self);
+    /// The local cooldown is over: the fleet is asked for the probe, in the background.
+    fn probe_wanted(&self);
+}
+
+impl std::fmt::Debug for dyn Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("attached", &self.attached())
+            .finish()
+    }
+}
+
+/// The fleet's state, as a shared breaker applies it (see [`CircuitBreaker::adopt`]).
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fleet {
+    /// Closed, with this many failures counted (in a row, or in the windows).
+    Closed { failures: u64 },
+    /// Open for `left` more (or half-open with another process holding the probe for `left`).
+    Open { left: Duration },
+    /// Half-open with this process holding the probe.
+    Probing,
+}
+
+/// A breaker's rule for opening, as the fleet's scripts take it.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// After `threshold` transient failures in a row.
+    Consecutive { threshold: u32 },
+    /// When the failures reach `ppm` parts per million of at least `min_calls` calls.
+    Rate { ppm: u32, min_calls: u32 },
+}
+
+/// Runs a report whose outcome nobody waits for on the tokio runtime in scope, if any.
+fn spawn(reporting: Reporting) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(reporting);
+    }
+}
 
 pub use crate::record::BreakerState;
 
@@ -180,6 +244,8 @@ pub struct CircuitBreaker {
     tally: AtomicU64,
     /// When an open breaker may turn half-open, in nanoseconds on [`clock`]. Only ever grows.
     reopen_at: AtomicU64,
+    /// The fleet, once [`share`](Self::share)d (feature `redis`): see [`crate::fleet`].
+    pub(crate) link: std::sync::OnceLock<std::sync::Arc<dyn Link>>,
 }
 
 impl CircuitBreaker {
@@ -250,6 +316,7 @@ impl CircuitBreaker {
                 Mode::Rate { .. } => EMPTY_WINDOW,
             }),
             reopen_at: AtomicU64::new(0),
+            link: std::sync::OnceLock::new(),
         }
     }
 
@@ -334,6 +401,10 @@ impl CircuitBreaker {
     pub fn state(&self) -> BreakerState {
         let word = self.word.load(Ordering::Acquire);
         if word & STATE == OPEN && self.remaining(clock::now()).is_zero() {
+            if let Some(link) = self.shared() {
+                link.probe_wanted();
+                return BreakerState::Open;
+            }
             let half = pack(epoch_of(word).wrapping_add(1), 0, HALF_OPEN);
             if self
                 .word
@@ -393,20 +464,8 @@ impl CircuitBreaker {
     /// ```
     pub fn trip(&self) {
         self.arm_cooldown();
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
-            if word & STATE == OPEN {
-                return; // already open: the cooldown was re-armed above
-            }
-            let open = pack(epoch_of(word).wrapping_add(1), 0, OPEN);
-            match self
-                .word
-                .compare_exchange_weak(word, open, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return self.emit(state_of(word), BreakerState::Open),
-                Err(now) => word = now,
-            }
-        }
+        // Already open: the cooldown was re-armed above.
+        self.move_to(OPEN);
     }
 
     /// Closes the breaker now, whatever its state, with its failure count or window emptied.
@@ -480,6 +539,13 @@ impl CircuitBreaker {
                     let retry_in = self.remaining(clock::now());
                     if !retry_in.is_zero() {
                         return Err(Open { retry_in });
+                    }
+                    // Shared: the fleet picks the one probe; this process asks for it.
+                    if let Some(link) = self.shared() {
+                        link.probe_wanted();
+                        return Err(Open {
+                            retry_in: Duration::ZERO,
+                        });
                     }
                     // The cooldown is over: turn half-open, taking the first probe slot.
                     pack(epoch_of(word).wrapping_add(1), 1, HALF_OPEN)
@@ -572,9 +638,13 @@ impl CircuitBreaker {
         match self.mode {
             Mode::Consecutive { .. } => {
                 // Only write when there is a count to clear: a healthy breaker is read, not
-                // written, so workers on many cores do not fight over its cache line.
+                // written, so workers on many cores do not fight over its cache line. Shared,
+                // the count is the fleet's, and clearing it is reported.
                 if self.tally.load(Ordering::Relaxed) != 0 && self.admitted_in(epoch) {
                     self.tally.store(0, Ordering::Relaxed);
+                    if let Some(link) = self.shared() {
+                        link.succeeded();
+                    }
                 }
             }
             Mode::Rate { window, .. } => {
@@ -582,32 +652,42 @@ impl CircuitBreaker {
                 if self.tally.load(Ordering::Relaxed) != 1 << window && self.admitted_in(epoch) {
                     self.record(false, window);
                 }
+                // Shared, while the fleet counts failures, this window weighs against them.
+                if let Some(link) = self.shared()
+                    && link.dirty()
+                {
+                    link.succeeded();
+                }
             }
         }
     }
 
     fn closed_failure(&self, epoch: u32) {
-        let closed = pack(epoch, 0, CLOSED);
-        if self.word.load(Ordering::Acquire) != closed {
+        if !self.admitted_in(epoch) {
             return; // admitted before the breaker last changed state
         }
+        if let Mode::Rate { window, .. } = self.mode {
+            self.record(true, window);
+        }
+        self.count_failure(epoch);
+    }
+
+    /// Counts a failure already in the window (a failure-rate breaker's), or not yet counted (a
+    /// breaker of failures in a row), and opens the breaker when its rule is met.
+    fn count_failure(&self, epoch: u32) {
         let trips = match self.mode {
             Mode::Consecutive { threshold } => {
                 self.tally.fetch_add(1, Ordering::AcqRel).saturating_add(1) >= threshold as u64
             }
-            Mode::Rate {
-                ppm,
-                window,
-                min_calls,
-            } => {
-                let w = self.record(true, window);
-                let calls = u64::from(63 - w.leading_zeros());
-                let failures = u64::from(w.count_ones() - 1);
-                calls >= u64::from(min_calls) && failures * 1_000_000 >= u64::from(ppm) * calls
+            Mode::Rate { ppm, min_calls, .. } => {
+                let (calls, failures) = self.window_counts();
+                calls >= min_calls
+                    && u64::from(failures) * 1_000_000 >= u64::from(ppm) * u64::from(calls)
             }
         };
         if trips {
             self.arm_cooldown();
+            let closed = pack(epoch, 0, CLOSED);
             let open = pack(epoch.wrapping_add(1), 0, OPEN);
             if self
                 .word
@@ -615,6 +695,91 @@ impl CircuitBreaker {
                 .is_ok()
             {
                 self.emit(BreakerState::Closed, BreakerState::Open);
+            }
+        }
+    }
+
+    /// A shared breaker's failure that the fleet could not hear of: counted by the local rule.
+    #[cfg(feature = "redis")]
+    pub(crate) fn unheard_failure(&self, epoch: u32) {
+        if self.admitted_in(epoch) {
+            self.count_failure(epoch);
+        }
+    }
+
+    /// The calls and the failures in a failure-rate breaker's window; `(0, 0)` for a breaker
+    /// of failures in a row.
+    pub(crate) fn window_counts(&self) -> (u32, u32) {
+        match self.mode {
+            Mode::Consecutive { .. } => (0, 0),
+            Mode::Rate { .. } => {
+                let w = self.tally.load(Ordering::Acquire);
+                (63 - w.leading_zeros(), w.count_ones() - 1)
+            }
+        }
+    }
+
+    /// The rule the fleet applies for this breaker.
+    #[cfg(feature = "redis")]
+    pub(crate) fn rule(&self) -> Rule {
+        match self.mode {
+            Mode::Consecutive { threshold } => Rule::Consecutive { threshold },
+            Mode::Rate { ppm, min_calls, .. } => Rule::Rate { ppm, min_calls },
+        }
+    }
+
+    /// The fleet decides, when the breaker is shared and Redis is in reach.
+    fn shared(&self) -> Option<&std::sync::Arc<dyn Link>> {
+        self.link.get().filter(|link| link.attached())
+    }
+
+    /// The state as the word holds it, with no lazy transition.
+    #[cfg(feature = "redis")]
+    pub(crate) fn local_state(&self) -> BreakerState {
+        state_of(self.word.load(Ordering::Acquire))
+    }
+
+    /// When a shared breaker's listener should ask the fleet for the probe: the cooldown left,
+    /// while the breaker is open here; `None` otherwise.
+    #[cfg(feature = "redis")]
+    pub(crate) fn probe_in(&self) -> Option<Duration> {
+        (self.word.load(Ordering::Acquire) & STATE == OPEN).then(|| self.remaining(clock::now()))
+    }
+
+    /// Applies the fleet's state here, raising the transition it makes.
+    #[cfg(feature = "redis")]
+    pub(crate) fn adopt(&self, fleet: Fleet) {
+        match fleet {
+            Fleet::Closed { failures } => {
+                if self.word.load(Ordering::Acquire) & STATE != CLOSED {
+                    self.clear_tally();
+                    self.move_to(CLOSED);
+                }
+                if let Mode::Consecutive { .. } = self.mode {
+                    self.tally.store(failures, Ordering::Relaxed);
+                }
+            }
+            Fleet::Open { left } => {
+                let left = left.as_nanos().min(u64::MAX as u128) as u64;
+                self.reopen_at
+                    .fetch_max(clock::now().saturating_add(left), Ordering::AcqRel);
+                self.move_to(OPEN);
+            }
+            Fleet::Probing => self.move_to(HALF_OPEN),
+        }
+    }
+
+    /// Moves to `to` (a new epoch, no probe in flight) unless the breaker is there already.
+    fn move_to(&self, to: u64) {
+        let mut word = self.word.load(Ordering::Acquire);
+        while word & STATE != to {
+            let next = pack(epoch_of(word).wrapping_add(1), 0, to);
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return self.emit(state_of(word), state_of(next)),
+                Err(now) => word = now,
             }
         }
     }
@@ -713,9 +878,15 @@ impl Permit<'_> {
 
     /// The call succeeded. A probe closes the breaker; otherwise the failure count is reset (or a
     /// success enters the window).
+    ///
+    /// A [shared](crate::fleet) breaker reports a probe's success to the fleet, and a success
+    /// while the fleet counts failures, in the background: never on the call's path.
     pub fn success(mut self) {
         if std::mem::take(&mut self.probe) {
             self.breaker.settle_probe(self.epoch, CLOSED);
+            if let Some(link) = self.breaker.shared() {
+                spawn(link.clone().settled(true));
+            }
         } else {
             self.breaker.closed_success(self.epoch);
         }
@@ -723,12 +894,39 @@ impl Permit<'_> {
 
     /// The call failed transiently. A probe re-opens the breaker for a fresh cooldown; otherwise
     /// the failure counts and may open it.
-    pub fn failure(mut self) {
-        if std::mem::take(&mut self.probe) {
-            self.breaker.settle_probe(self.epoch, OPEN);
-        } else {
-            self.breaker.closed_failure(self.epoch);
+    ///
+    /// A [shared](crate::fleet) breaker counts the failure in Redis, on a task of its own (the
+    /// retry engine waits for that answer instead); without a tokio runtime in scope the fleet
+    /// does not hear of it.
+    pub fn failure(self) {
+        if let Some(reporting) = self.fail() {
+            spawn(reporting);
         }
+    }
+
+    /// [`failure`](Self::failure), as the retry engine reports it: `Some` when the fleet hears
+    /// of it, and the call should wait for its answer (one round trip).
+    pub(crate) fn fail(mut self) -> Option<Reporting> {
+        let probe = std::mem::take(&mut self.probe);
+        let breaker = self.breaker;
+        let Some(link) = breaker.shared() else {
+            match probe {
+                true => breaker.settle_probe(self.epoch, OPEN),
+                false => breaker.closed_failure(self.epoch),
+            }
+            return None;
+        };
+        if probe {
+            breaker.settle_probe(self.epoch, OPEN);
+            return Some(link.clone().settled(false));
+        }
+        if !breaker.admitted_in(self.epoch) {
+            return None; // admitted before the breaker last changed state
+        }
+        if let Mode::Rate { window, .. } = breaker.mode {
+            breaker.record(true, window);
+        }
+        Some(link.clone().failed(self.epoch))
     }
 }
 

@@ -721,7 +721,7 @@ impl Query {
                         Some(reason) => Some(parse_reason(&reason).ok_or_else(|| {
                             bad(format!(
                                 "`{reason}` is not a reason: use one of exhausted, permanent, \
-                                 budget, circuit_open, crashed."
+                                 budget, circuit_open, retry_budget, crashed."
                             ))
                         })?),
                     }
@@ -777,6 +777,7 @@ fn parse_reason(s: &str) -> Option<GiveUp> {
         GiveUp::Permanent,
         GiveUp::Budget,
         GiveUp::CircuitOpen,
+        GiveUp::RetryBudget,
         GiveUp::Crashed,
     ]
     .into_iter()

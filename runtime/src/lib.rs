@@ -100,7 +100,9 @@
 //! - **Inside a guarded body**: [`attempt()`] tells which attempt (and delivery) is running, and
 //!   [`fence()`] the claim's generation, for a downstream that refuses a stalled worker's write.
 //! - **Around a dependency**: a [`CircuitBreaker`] in a `static`, named by `#[retry(breaker =
-//!   ..)]`.
+//!   ..)]`, and a [`RetryBudget`] (`#[retry(retry_budget = ..)]`) that keeps retries to a share
+//!   of the calls. With the `redis` feature, `share` makes either one for every process of a
+//!   fleet (`jobguard::fleet`).
 //! - **Errors**: jobguard's own failures are one [`Error`].
 //!
 //! Maintainers: the workspace, the module graph and where each protocol lives are in the
@@ -113,6 +115,7 @@ pub mod apalis;
 mod attempt;
 mod bounds;
 pub mod breaker;
+pub mod budget;
 mod claim;
 pub mod classify;
 #[cfg(feature = "console")]
@@ -120,6 +123,9 @@ pub mod classify;
 pub mod console;
 pub mod dead_letter;
 mod error;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod fleet;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
@@ -144,6 +150,7 @@ pub mod testing;
 
 pub use attempt::{Attempt, Delivery, attempt, fence};
 pub use breaker::{BreakerState, CircuitBreaker};
+pub use budget::RetryBudget;
 pub use classify::{Transient, Verdict, http_verdict};
 #[cfg(feature = "redis")]
 pub use dead_letter::redis::{RedisDeadLetters, RedriveError};
@@ -193,6 +200,7 @@ pub use jobguard_macros::Transient;
 /// (`none | full | equal | decorrelated`), `on` (`transient | all | path::to::classifier`),
 /// `on_ok` (a path to `fn(&T) -> Verdict` or `-> bool`: an `Ok` value it flags is retried, and
 /// the last one returned when the attempts run out), `budget`, `timeout`, `breaker`,
+/// `retry_budget` (a [`RetryBudget`]: each call deposits, each retry withdraws),
 /// `dead_letter`, `payload` (the arguments a dead letter carries for a redrive:
 /// `payload = (order_id, amount)`), `name` (the job's one name in metrics, tracing, events and
 /// dead letters; default: the function's module path and name), `crate`. The README's table
@@ -377,7 +385,9 @@ pub mod __private {
     pub use crate::bounds::*;
     pub use crate::idempotency::Idempotent;
     pub use crate::observe::Job;
-    pub use crate::retry::{Guard, Payload, Retry, Spec, accept, breaker, sink};
+    pub use crate::retry::{
+        Guard, IsRetryBudget, Payload, Retry, Spec, accept, breaker, retry_budget, sink,
+    };
     pub use crate::step::step;
     pub use crate::store::DefaultScope;
     #[cfg(feature = "postgres")]

@@ -246,6 +246,21 @@ pub enum Event<'a> {
         /// The state it entered.
         to: BreakerState,
     },
+    /// A breaker or a retry budget [shared](crate::fleet) through Redis lost the fleet or found
+    /// it again. `shared: false`: Redis could not be reached (`error` says why), and the process
+    /// goes on with its own state (the breaker's count and transitions, the budget's deposits)
+    /// until Redis answers again; `shared: true`: it rejoined the fleet (raised after a loss,
+    /// not when sharing starts). Raised once per change, on the task that saw it.
+    Shared {
+        /// `breaker` or `retry_budget`.
+        kind: &'a str,
+        /// The name it is shared under.
+        name: &'a str,
+        /// Whether it is shared again (`true`) or on its own state (`false`).
+        shared: bool,
+        /// Why it lost the fleet, when it did.
+        error: Option<&'a dyn fmt::Display>,
+    },
     /// An operator acted through the console (`jobguard::console`, feature `console`): the
     /// audit trail of who did what. Raised once per action, after it was carried out (a bulk
     /// action over many letters once per batch of them, with the batch's ids).
@@ -365,6 +380,18 @@ impl fmt::Debug for Event<'_> {
                 .field("breaker", &breaker)
                 .field("from", &from)
                 .field("to", &to)
+                .finish(),
+            Event::Shared {
+                kind,
+                name,
+                shared,
+                error,
+            } => f
+                .debug_struct("Shared")
+                .field("kind", &kind)
+                .field("name", &name)
+                .field("shared", &shared)
+                .field("error", &error.map(|e| e.to_string()))
                 .finish(),
             Event::ConsoleAction {
                 action,

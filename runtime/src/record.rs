@@ -22,6 +22,10 @@ pub enum GiveUp {
     Budget,
     /// The circuit breaker in front of the dependency was open.
     CircuitOpen,
+    /// The job's [`RetryBudget`](crate::RetryBudget) was empty: the retry the policy asked for
+    /// would have taken retries past their share of the calls, so the call ended with its last
+    /// error instead.
+    RetryBudget,
     /// The job's worker died while running it as many times as its crash limit allows
     /// (`#[idempotent(crashes = N)]`, 3 by default): each claim lapsed without a result or a
     /// release. The job is refused from now on ([`Error::Poisoned`](crate::Error::Poisoned)).
@@ -32,13 +36,14 @@ pub enum GiveUp {
 
 impl GiveUp {
     /// The reason as a short lowercase label (`exhausted`, `permanent`, `budget`, `circuit_open`,
-    /// `crashed`), as used in metrics and logs.
+    /// `retry_budget`, `crashed`), as used in metrics and logs.
     pub const fn as_str(self) -> &'static str {
         match self {
             GiveUp::Exhausted => "exhausted",
             GiveUp::Permanent => "permanent",
             GiveUp::Budget => "budget",
             GiveUp::CircuitOpen => "circuit_open",
+            GiveUp::RetryBudget => "retry_budget",
             GiveUp::Crashed => "crashed",
         }
     }

@@ -34,14 +34,19 @@
 //!
 //! | state    | on a poll                                                   | next                 |
 //! |----------|-------------------------------------------------------------|----------------------|
-//! | `Admit`  | ask the breaker; count the attempt; set its time limit      | `Run`, or `GiveUp` when the breaker refuses |
-//! | `Run`    | poll the attempt (and its time limit)                       | resolve `Break(Ok)` when the outcome is accepted; else [`decide`]: `Sleep` or `GiveUp` |
+//! | `Admit`  | ask the breaker; count the attempt; set its time limit      | `Run`, or `Wait` (for the letter) when the breaker refuses |
+//! | `Run`    | poll the attempt (and its time limit)                       | resolve `Break(Ok)` when the outcome is accepted; `Wait` when a shared breaker must hear of the failure; else [`decide`]: `Sleep`, or `Wait` (for a shared budget, or the letter) |
+//! | `Wait`   | wait for a shared breaker's answer to the failure, or a shared retry budget's to the retry (one round trip to Redis each), or for the dead letter to be on its way | after the breaker: [`decide`]; after the budget: `Sleep`, or `Wait` for the letter; after the letter: resolve `Break(result)` |
 //! | `Sleep`  | wait out the delay (a zero delay sets no timer)             | resolve `Continue`   |
-//! | `GiveUp` | send the dead letter (or hand the job back to its runner)   | resolve `Break(result)` |
 //! | `Done`   | a resolved round polled again: panic                        |                      |
 //!
 //! A round that is dropped mid-way drops its attempt, its timer and its breaker permit (a
 //! half-open probe's slot is given back).
+//!
+//! A retry the policy decides on is asked of the call's [`RetryBudget`], if it has one, after
+//! [`decide`]: a process's own budget answers at once (no `Wait`), and an empty one ends the
+//! call as [`GiveUp::RetryBudget`]. Each call deposits in the budget when it
+//! starts ([`Retry::new`]).
 //!
 //! # What a call costs
 //!
@@ -54,7 +59,8 @@
 
 use crate::attempt::{self, Delivery};
 use crate::bounds::{Describe, FromJobguard};
-use crate::breaker::{CircuitBreaker, Open, Permit};
+use crate::breaker::{CircuitBreaker, Open, Permit, Reporting};
+use crate::budget::{Asking, RetryBudget, Withdrawal};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
 use crate::observe::{Event, Job};
 use crate::runtime::Current;
@@ -210,21 +216,33 @@ pub fn sink(sink: &dyn DeadLetterSink) -> &dyn DeadLetterSink {
 
 /// What of jobguard's own can fail a call's attempts, and how such a failure becomes the job's
 /// error: the breaker (an open one refuses the attempt) and the policy's time limit (a `timeout`
-/// or a `budget` cuts it), as [`Error`]s converted into `E`.
+/// or a `budget` cuts it), as [`Error`]s converted into `E`; and the retry budget, which can
+/// refuse a retry (the call then ends with its attempt's own error).
 ///
-/// A call with neither takes [`Guard::none`], and its error type needs nothing from jobguard.
+/// A call with no breaker and no time limit takes [`Guard::none`], and its error type needs
+/// nothing from jobguard.
 #[doc(hidden)]
 pub struct Guard<'a, E> {
     breaker: Option<&'a CircuitBreaker>,
+    retry_budget: Option<&'a RetryBudget>,
     lift: Option<fn(Error) -> E>,
 }
 
-impl<E> Guard<'_, E> {
+impl<'a, E> Guard<'a, E> {
     /// No breaker, and a policy with no time limit: nothing of jobguard's can fail an attempt.
     pub const fn none() -> Self {
         Guard {
             breaker: None,
+            retry_budget: None,
             lift: None,
+        }
+    }
+
+    /// The same guard, with every retry asked of `budget` first.
+    pub const fn retry_budget(self, budget: &'a RetryBudget) -> Self {
+        Guard {
+            retry_budget: Some(budget),
+            ..self
         }
     }
 }
@@ -235,8 +253,36 @@ impl<'a, E: FromJobguard> Guard<'a, E> {
     pub const fn of(breaker: Option<&'a CircuitBreaker>) -> Self {
         Guard {
             breaker,
+            retry_budget: None,
             lift: Some(<E as From<Error>>::from),
         }
+    }
+}
+
+/// The retry budget a `#[retry(retry_budget = ...)]` call hands to its [`Guard`], evaluated
+/// once per call. A function for the reason [`breaker`] is, and generic so that anything but a
+/// [`RetryBudget`] is an error in words.
+#[doc(hidden)]
+pub fn retry_budget<B: IsRetryBudget + ?Sized>(budget: &B) -> &RetryBudget {
+    budget.as_retry_budget()
+}
+
+/// What `retry_budget = ...` accepts: a [`RetryBudget`].
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`retry_budget = ...` takes a `jobguard::RetryBudget`, not `{Self}`",
+    label = "not a `jobguard::RetryBudget`",
+    note = "declare one as a `static` shared by every job that calls the dependency: \
+            `static BUDGET: jobguard::RetryBudget = jobguard::RetryBudget::new(0.1, 1, Duration::from_secs(10));`"
+)]
+pub trait IsRetryBudget {
+    /// The budget itself.
+    fn as_retry_budget(&self) -> &RetryBudget;
+}
+
+impl IsRetryBudget for RetryBudget {
+    fn as_retry_budget(&self) -> &RetryBudget {
+        self
     }
 }
 
@@ -298,6 +344,9 @@ impl<'a, E> Retry<'a, E> {
         let watched = cfg!(feature = "metrics")
             || crate::observe::tracing_listens()
             || Current::get().observer().is_some();
+        if let Some(budget) = guard.retry_budget {
+            budget.deposit();
+        }
         Retry {
             spec,
             guard,
@@ -341,7 +390,7 @@ impl<'a, E> Retry<'a, E> {
             on_ok: Some(on_ok),
             state: State::Admit,
             permit: None,
-            gave_up: None,
+            waiting: None,
             attempt,
             timer: None,
         }
@@ -475,30 +524,40 @@ impl<'a, E> Retry<'a, E> {
     }
 
     /// Books an outcome that was not accepted (an error, a cut attempt, or an `Ok` that
-    /// `on_ok` retried), and decides what follows: the delay before the next attempt, or the
-    /// give-up, with the result to return once its letter is on its way.
+    /// `on_ok` retried): notes it for the dead letter and tells the breaker. A transient failure
+    /// (or a cut attempt) counts against the breaker; a permanent one says nothing about the
+    /// dependency's health, and its permit is dropped here, neutral. `Some` when a shared
+    /// breaker hears of the failure through Redis: the round waits for its answer before
+    /// deciding, so that an opening this failure caused stops the call now.
+    fn book<T>(
+        &mut self,
+        result: &Result<T, E>,
+        origin: Origin,
+        verdict: Verdict,
+        permit: Option<Permit<'a>>,
+    ) -> Option<Reporting>
+    where
+        E: Describe,
+    {
+        self.stamp().trail.failed(describe(result));
+        match permit {
+            Some(permit) if verdict.is_retryable() || origin == Origin::Budget => permit.fail(),
+            _ => None,
+        }
+    }
+
+    /// Decides what follows a booked outcome: the delay before the next attempt (once the
+    /// retry budget, if any, grants it), or the give-up, with the result to return once its
+    /// letter is on its way.
     fn failed<T>(
         &mut self,
         result: Result<T, E>,
         origin: Origin,
         verdict: Verdict,
-        permit: Option<Permit<'a>>,
     ) -> Next<'a, T, E>
     where
         E: Describe,
     {
-        let error: &dyn Display = match &result {
-            Ok(_) => &OkRetried,
-            Err(error) => error,
-        };
-        self.stamp().trail.failed(error);
-        // A transient failure (or a cut attempt) counts against the breaker. A permanent one says
-        // nothing about the dependency's health: its permit is dropped here, neutral.
-        if let Some(permit) = permit
-            && (verdict.is_retryable() || origin == Origin::Budget)
-        {
-            permit.failure();
-        }
         let elapsed = self.spec.policy.budget.and_then(|budget| {
             let start = *self.started.get_or_insert_with(Instant::now);
             start.checked_add(budget).map(|_| start.elapsed())
@@ -518,18 +577,20 @@ impl<'a, E> Retry<'a, E> {
             || self.jittered(attempt),
         );
         match decision {
-            Decision::RetryAfter(delay) => {
-                self.stamp().previous_delay = delay;
-                self.emit(&Event::Retry {
-                    job: self.spec.job,
-                    key: self.spec.key,
-                    attempt,
+            Decision::RetryAfter(delay) => match self.guard.retry_budget.map(RetryBudget::withdraw)
+            {
+                None | Some(Withdrawal::Granted) => {
+                    self.retrying(delay, verdict, &result);
+                    Next::RetryAfter(delay)
+                }
+                Some(Withdrawal::Refused) => self.out_of_budget(result),
+                Some(Withdrawal::Asking(asking)) => Next::Ask {
+                    result,
                     delay,
                     verdict,
-                    error,
-                });
-                Next::RetryAfter(delay)
-            }
+                    asking,
+                },
+            },
             // The breaker will still be open when the next attempt would start: the call is
             // refused now, as that attempt would be, with the refusal as its error.
             Decision::GiveUp(GiveUp::CircuitOpen) => {
@@ -543,10 +604,37 @@ impl<'a, E> Retry<'a, E> {
                 Next::GiveUp(result, sending)
             }
             Decision::GiveUp(reason) => {
-                let sending = self.give_up(reason, error.to_string());
+                let sending = self.give_up(reason, describe(&result).to_string());
                 Next::GiveUp(result, sending)
             }
         }
+    }
+
+    /// The retry after `delay` goes ahead: the delay is kept for decorrelated jitter, and the
+    /// retry announced.
+    fn retrying<T>(&mut self, delay: Duration, verdict: Verdict, result: &Result<T, E>)
+    where
+        E: Describe,
+    {
+        self.stamp().previous_delay = delay;
+        self.emit(&Event::Retry {
+            job: self.spec.job,
+            key: self.spec.key,
+            attempt: self.number,
+            delay,
+            verdict,
+            error: describe(result),
+        });
+    }
+
+    /// The retry budget refused the retry: the call ends with the attempt's result, and the job
+    /// gives up as [`GiveUp::RetryBudget`].
+    fn out_of_budget<T>(&mut self, result: Result<T, E>) -> Next<'a, T, E>
+    where
+        E: Describe,
+    {
+        let sending = self.give_up(GiveUp::RetryBudget, describe(&result).to_string());
+        Next::GiveUp(result, sending)
     }
 
     /// The breaker refused the next attempt: no attempt is made or counted, and the call gives
@@ -663,22 +751,30 @@ impl<'a, E> Retry<'a, E> {
 }
 
 /// Whether a give-up for `reason` is one that a later delivery of the job could get past: the
-/// attempts or the budget ran out, or the breaker was open. A permanent failure is not.
+/// attempts, the time budget or the retry budget ran out, or the breaker was open. A permanent
+/// failure is not.
 const fn redeliverable(reason: GiveUp) -> bool {
     matches!(
         reason,
-        GiveUp::Exhausted | GiveUp::Budget | GiveUp::CircuitOpen
+        GiveUp::Exhausted | GiveUp::Budget | GiveUp::CircuitOpen | GiveUp::RetryBudget
     )
 }
 
 /// The dead letter on its way to the sink.
 type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-/// What follows a failed outcome, as [`Retry::settle`] decides it.
+/// What follows a failed outcome, as [`Retry::failed`] decides it.
 enum Next<'a, T, E> {
     RetryAfter(Duration),
     /// Give up, returning this result once the letter is on its way.
     GiveUp(Result<T, E>, Sending<'a>),
+    /// Retry after `delay` if the shared retry budget grants it, else give up with `result`.
+    Ask {
+        result: Result<T, E>,
+        delay: Duration,
+        verdict: Verdict,
+        asking: Asking,
+    },
 }
 
 /// The failure an `on_ok` retry books: the value itself need not be `Display`.
@@ -687,6 +783,14 @@ struct OkRetried;
 impl Display for OkRetried {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("the `on_ok` classifier asked to retry the job's `Ok` value")
+    }
+}
+
+/// A failed outcome as its dead letter and events write it.
+fn describe<T, E: Describe>(result: &Result<T, E>) -> &dyn Display {
+    match result {
+        Ok(_) => &OkRetried,
+        Err(error) => error,
     }
 }
 
@@ -702,8 +806,8 @@ pin_project_lite::pin_project! {
         state: State,
         // The breaker's permit while the attempt runs.
         permit: Option<Permit<'a>>,
-        // A give-up's result, returned once its letter is on its way, and that letter.
-        gave_up: Option<(Result<T, E>, Sending<'a>)>,
+        // What the round waits on in the `Wait` state, with the failed attempt's result.
+        waiting: Option<Waiting<'a, T, E>>,
         #[pin]
         attempt: F,
         // The attempt's time limit while it runs; the delay before the next attempt while the
@@ -721,12 +825,73 @@ enum State {
     /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout
     /// or the budget's end).
     Run { cut: Origin },
+    /// The attempt failed, and the round waits on what `waiting` says: the fleet's answer, or
+    /// the dead letter on its way.
+    Wait,
     /// The attempt failed; the next one starts when the timer fires (at once without one).
     Sleep,
-    /// The call gave up: the dead letter is being sent, and the result is returned after it.
-    GiveUp,
     /// The round resolved.
     Done,
+}
+
+/// What a round in the `Wait` state waits on, each with the failed attempt's result.
+enum Waiting<'a, T, E> {
+    /// A shared breaker hears of the failure (one round trip); the failure is decided on once
+    /// the fleet's answer is in.
+    Report {
+        result: Result<T, E>,
+        origin: Origin,
+        verdict: Verdict,
+        reporting: Reporting,
+    },
+    /// The policy would retry after `delay`, and a shared retry budget is asked for the retry
+    /// (one round trip).
+    Ask {
+        result: Result<T, E>,
+        delay: Duration,
+        verdict: Verdict,
+        asking: Asking,
+    },
+    /// The call gave up: the dead letter is on its way, and the result is returned after it.
+    Letter {
+        result: Result<T, E>,
+        sending: Sending<'a>,
+    },
+}
+
+/// Enters the state that `next` says follows a failed outcome.
+fn enter<'a, T, E>(
+    next: Next<'a, T, E>,
+    state: &mut State,
+    mut timer: Pin<&mut Option<Sleep>>,
+    waiting: &mut Option<Waiting<'a, T, E>>,
+) {
+    *state = match next {
+        Next::RetryAfter(delay) => {
+            if !delay.is_zero() {
+                timer.set(Some(tokio::time::sleep(delay)));
+            }
+            State::Sleep
+        }
+        Next::GiveUp(result, sending) => {
+            *waiting = Some(Waiting::Letter { result, sending });
+            State::Wait
+        }
+        Next::Ask {
+            result,
+            delay,
+            verdict,
+            asking,
+        } => {
+            *waiting = Some(Waiting::Ask {
+                result,
+                delay,
+                verdict,
+                asking,
+            });
+            State::Wait
+        }
+    };
 }
 
 impl<'a, T, E, F, C, V, K> Future for Round<'_, 'a, T, E, F, C, K>
@@ -745,9 +910,9 @@ where
             match *this.state {
                 State::Admit => match this.retry.admit(this.permit, this.timer.as_mut()) {
                     Ok(cut) => *this.state = State::Run { cut },
-                    Err(gave_up) => {
-                        *this.gave_up = Some(gave_up);
-                        *this.state = State::GiveUp;
+                    Err((result, sending)) => {
+                        *this.waiting = Some(Waiting::Letter { result, sending });
+                        *this.state = State::Wait;
                     }
                 },
                 State::Run { cut } => {
@@ -787,18 +952,56 @@ where
                         return Poll::Ready(ControlFlow::Break(result));
                     }
                     this.timer.set(None);
-                    match this.retry.failed(result, origin, verdict, permit) {
-                        Next::RetryAfter(delay) => {
-                            if !delay.is_zero() {
-                                this.timer.set(Some(tokio::time::sleep(delay)));
-                            }
-                            *this.state = State::Sleep;
+                    match this.retry.book(&result, origin, verdict, permit) {
+                        Some(reporting) => {
+                            *this.waiting = Some(Waiting::Report {
+                                result,
+                                origin,
+                                verdict,
+                                reporting,
+                            });
+                            *this.state = State::Wait;
                         }
-                        Next::GiveUp(result, sending) => {
-                            *this.gave_up = Some((result, sending));
-                            *this.state = State::GiveUp;
+                        None => {
+                            let next = this.retry.failed(result, origin, verdict);
+                            enter(next, this.state, this.timer.as_mut(), this.waiting);
                         }
                     }
+                }
+                State::Wait => {
+                    let waited = match this.waiting.as_mut().expect("a waiting round") {
+                        Waiting::Report { reporting, .. } => {
+                            reporting.as_mut().poll(cx).map(|()| true)
+                        }
+                        Waiting::Ask { asking, .. } => asking.as_mut().poll(cx),
+                        Waiting::Letter { sending, .. } => sending.as_mut().poll(cx).map(|()| true),
+                    };
+                    let granted = ready!(waited);
+                    let next = match this.waiting.take().expect("a waiting round") {
+                        Waiting::Report {
+                            result,
+                            origin,
+                            verdict,
+                            ..
+                        } => this.retry.failed(result, origin, verdict),
+                        Waiting::Ask {
+                            result,
+                            delay,
+                            verdict,
+                            ..
+                        } => match granted {
+                            true => {
+                                this.retry.retrying(delay, verdict, &result);
+                                Next::RetryAfter(delay)
+                            }
+                            false => this.retry.out_of_budget(result),
+                        },
+                        Waiting::Letter { result, .. } => {
+                            *this.state = State::Done;
+                            return Poll::Ready(ControlFlow::Break(result));
+                        }
+                    };
+                    enter(next, this.state, this.timer.as_mut(), this.waiting);
                 }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
@@ -806,14 +1009,6 @@ where
                     }
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
-                }
-                State::GiveUp => {
-                    if let Some((_, sending)) = this.gave_up {
-                        ready!(sending.as_mut().poll(cx));
-                    }
-                    *this.state = State::Done;
-                    let (result, _) = this.gave_up.take().expect("a give-up holds its result");
-                    return Poll::Ready(ControlFlow::Break(result));
                 }
                 State::Done => panic!("a retry round polled after it resolved"),
             }

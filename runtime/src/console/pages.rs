@@ -164,7 +164,7 @@ async fn letters(
                 input name="job" placeholder="job" value=[query.filter.job.as_deref()];
                 select name="reason" {
                     option value="" { "any reason" }
-                    @for r in ["exhausted", "permanent", "budget", "circuit_open", "crashed"] {
+                    @for r in ["exhausted", "permanent", "budget", "circuit_open", "retry_budget", "crashed"] {
                         option value=(r) selected[reason == Some(r)] { (r) }
                     }
                 }

@@ -16,6 +16,8 @@
 //! | `jobguard_store_failed_total` | counter | `job` (the idempotency scope) | a job succeeded but its result was not stored to replay: the write failed, the result cannot be kept, or an HTTP response was larger than the layer stores |
 //! | `jobguard_breaker_transitions_total` | counter | `breaker`, `to` | a breaker changes state (`to`: [`BreakerState::as_str`](crate::BreakerState::as_str)) |
 //! | `jobguard_breaker_state` | gauge | `breaker` | a breaker changes state: 0 closed, 1 open, 2 half-open |
+//! | `jobguard_shared` | gauge | `kind`, `name` | a [shared](crate::fleet) breaker or retry budget loses Redis (0: on local state) or finds it again (1) |
+//! | `jobguard_shared_lost_total` | counter | `kind`, `name` | a shared breaker or retry budget loses Redis and falls back to local state |
 //! | `jobguard_dead_letters_dropped_total` | counter | `sink` | an in-memory sink drops its oldest letter at capacity (`sink="memory"`), or a Redis stream is trimmed to its `max_len` (`sink="redis"`, by the letters trimmed) |
 //! | `jobguard_dead_letters_lost_total` | counter | `job` | a sink refuses a job's dead letter (its `send` fails: Redis down, a closure's error); the letter is in the log, whole |
 //! | `jobguard_store_evictions_total` | counter | `store` | a bounded store gives up completed records before their TTL, by the number given up |
@@ -72,6 +74,11 @@ pub const STORE_FAILED: &str = "jobguard_store_failed_total";
 pub const BREAKER_TRANSITIONS: &str = "jobguard_breaker_transitions_total";
 /// `jobguard_breaker_state{breaker}`: 0 closed, 1 open, 2 half-open.
 pub const BREAKER_STATE: &str = "jobguard_breaker_state";
+/// `jobguard_shared{kind,name}`: 1 while a shared breaker or retry budget reaches Redis, 0 while
+/// it is on local state.
+pub const SHARED: &str = "jobguard_shared";
+/// `jobguard_shared_lost_total{kind,name}`: times a shared breaker or retry budget lost Redis.
+pub const SHARED_LOST: &str = "jobguard_shared_lost_total";
 /// `jobguard_dead_letters_dropped_total{sink}`: letters a bounded sink dropped at capacity.
 pub const DEAD_LETTERS_DROPPED: &str = "jobguard_dead_letters_dropped_total";
 /// `jobguard_dead_letters_lost_total{job}`: dead letters a sink refused (see
@@ -130,6 +137,14 @@ pub fn describe() {
     describe_gauge!(
         BREAKER_STATE,
         "Circuit breaker state: 0 closed, 1 open, 2 half-open."
+    );
+    describe_gauge!(
+        SHARED,
+        "Whether a shared breaker or retry budget reaches Redis (1) or is on local state (0)."
+    );
+    describe_counter!(
+        SHARED_LOST,
+        "Times a shared breaker or retry budget lost Redis and fell back to local state."
     );
     describe_counter!(
         DEAD_LETTERS_DROPPED,
@@ -214,8 +229,30 @@ pub(crate) fn record(event: &Event<'_>) {
         Event::ClaimFailed { scope, .. } => increment(CLAIM_FAILED, Dim::Job, scope),
         Event::Breaker { breaker, to, .. } => breaker_transition(breaker, to),
         Event::Evicted { store, records, .. } => store_evicted(store, records),
+        Event::Shared {
+            kind, name, shared, ..
+        } => shared_changed(kind, name, shared),
         _ => {}
     }
+}
+
+/// A shared breaker or budget lost Redis, or found it again: rare, so its keys are made here.
+fn shared_changed(kind: &str, name: &str, shared: bool) {
+    let labels = || {
+        vec![
+            Label::new("kind", kind.to_owned()),
+            Label::new("name", name.to_owned()),
+        ]
+    };
+    let gauge = Key::from_parts(SHARED, labels());
+    let lost = Key::from_parts(SHARED_LOST, labels());
+    ::metrics::with_recorder(|r| {
+        r.register_gauge(&gauge, &METADATA)
+            .set(if shared { 1.0 } else { 0.0 });
+        if !shared {
+            r.register_counter(&lost, &METADATA).increment(1);
+        }
+    });
 }
 
 /// Counts `count` letters a bounded sink dropped (a Redis stream trimmed to its bound).

@@ -208,6 +208,21 @@ fn record_enabled(event: &Event<'_>) {
             warn!(target: "jobguard", scope, key, error = %error, "claim failed")
         }
         Event::Breaker { breaker, from, to } => breaker_transition(breaker, from, to),
+        Event::Shared {
+            kind,
+            name,
+            shared: false,
+            error,
+        } => warn!(
+            target: "jobguard",
+            kind,
+            name,
+            error = error.map(tracing::field::display),
+            "fleet out of reach: on local state",
+        ),
+        Event::Shared { kind, name, .. } => {
+            info!(target: "jobguard", kind, name, "fleet back: shared again")
+        }
         Event::ConsoleAction {
             action,
             targets,

@@ -230,6 +230,10 @@ pub const STEPS_PREFIX: &str = "jobguard-steps:";
 #[derive(Clone)]
 pub struct RedisStore {
     connection: RedisConnection,
+    /// Where a [shared](crate::fleet) breaker or budget subscribes to the fleet's news: the
+    /// server, or a cluster's seed nodes (tried in turn). Empty for a store made from a
+    /// connection, which knows no address.
+    subscribe: Vec<redis::Client>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -353,7 +357,11 @@ impl RedisStore {
     ) -> Result<Self, Error> {
         let mut connection = RedisConnection::connect(url, config).await?;
         warn_if_claims_can_be_evicted(&mut connection).await;
-        Ok(RedisStore { connection })
+        let client = redis::Client::open(url).map_err(|e| store_error("invalid Redis URL", &e))?;
+        Ok(RedisStore {
+            connection,
+            subscribe: vec![client],
+        })
     }
 
     /// Connects to a Redis Cluster through its seed `nodes` (a `&[&str]`, a `Vec<String>`...:
@@ -386,7 +394,10 @@ impl RedisStore {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        Self::connect_cluster_with(Self::cluster_builder(nodes)).await
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        Self::connect_cluster_with(Self::cluster_builder(&nodes))
+            .await?
+            .subscribing_through(&nodes)
     }
 
     /// Connects to the cluster that `builder` names, with its settings; start from
@@ -394,7 +405,48 @@ impl RedisStore {
     pub async fn connect_cluster_with(builder: ClusterClientBuilder) -> Result<Self, Error> {
         let mut connection = RedisConnection::connect_cluster(builder).await?;
         warn_if_claims_can_be_evicted(&mut connection).await;
-        Ok(RedisStore { connection })
+        Ok(RedisStore {
+            connection,
+            subscribe: Vec::new(),
+        })
+    }
+
+    /// The store, with `nodes` (one server's URL, or a cluster's seed nodes) as where a
+    /// [shared](crate::fleet) breaker or retry budget subscribes to the fleet's news. Stores
+    /// from [`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster) know
+    /// their nodes already; one made from a connection or a cluster builder needs this before
+    /// it can share.
+    ///
+    /// A malformed URL is [`Error::Store`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), jobguard::Error> {
+    /// use jobguard::RedisStore;
+    ///
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"];
+    /// let store = RedisStore::connect_cluster_with(RedisStore::cluster_builder(&nodes))
+    ///     .await?
+    ///     .subscribing_through(&nodes)?;
+    /// # drop(store);
+    /// # Ok(()) }
+    /// ```
+    pub fn subscribing_through<I>(mut self, nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.subscribe = nodes
+            .into_iter()
+            .map(|url| {
+                redis::Client::open(url.as_ref()).map_err(|e| store_error("invalid Redis URL", &e))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// Where a shared breaker or budget subscribes: see [`subscribing_through`](Self::subscribing_through).
+    pub(crate) fn subscribers(&self) -> &[redis::Client] {
+        &self.subscribe
     }
 
     /// A cluster client builder on the seed `nodes` with the settings
@@ -421,6 +473,7 @@ impl RedisStore {
     pub fn from_manager(connection: ConnectionManager) -> Self {
         RedisStore {
             connection: RedisConnection::Single(connection),
+            subscribe: Vec::new(),
         }
     }
 
@@ -429,6 +482,7 @@ impl RedisStore {
     pub fn from_connection(connection: impl Into<RedisConnection>) -> Self {
         RedisStore {
             connection: connection.into(),
+            subscribe: Vec::new(),
         }
     }
 
@@ -579,7 +633,7 @@ impl RedisStore {
     /// (`MOVED`, `ASK` or `TRYAGAIN` still coming back after its own retries, as can happen
     /// while slots migrate under load) is tried again a few times: the node that answered with
     /// it did not run the script, so running it again is safe.
-    async fn invoke<T: redis::FromRedisValue>(
+    pub(crate) async fn invoke<T: redis::FromRedisValue>(
         &self,
         call: &redis::ScriptInvocation<'_>,
     ) -> redis::RedisResult<T> {

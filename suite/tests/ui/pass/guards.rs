@@ -1,7 +1,8 @@
 //! `timeout`, `budget`, `breaker` and `dead_letter` with an error that has
-//! `From<jobguard::Error>`, and durations given as expressions: a `Duration` call, a `const`.
+//! `From<jobguard::Error>`, and durations given as expressions: a `Duration` call, a `const`;
+//! `retry_budget` alone with an error that has no `From<jobguard::Error>`.
 
-use jobguard::{CircuitBreaker, MemoryDeadLetters, Transient};
+use jobguard::{CircuitBreaker, MemoryDeadLetters, RetryBudget, Transient};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -48,6 +49,13 @@ async fn guarded(fail: bool) -> Result<u32, JobError> {
     if fail { Err(JobError::Busy) } else { Ok(1) }
 }
 
+static RETRIES: RetryBudget = RetryBudget::new(0.0, 0, Duration::from_secs(10));
+
+#[jobguard::retry(attempts = 3, base = BASE, retry_budget = RETRIES)]
+async fn unbudgeted() -> std::io::Result<u32> {
+    Err(std::io::ErrorKind::ConnectionReset.into())
+}
+
 #[jobguard::retry(attempts = 2, timeout = "1s", budget = "10s", jitter = full)]
 async fn io_timeout() -> std::io::Result<u32> {
     Ok(2)
@@ -64,4 +72,6 @@ async fn main() {
     assert!(guarded(true).await.is_err());
     assert_eq!(LETTERS.letters().len(), 1);
     assert_eq!(io_timeout().await.unwrap(), 2);
+    // An empty budget: the first attempt runs, and no retry follows.
+    assert!(unbudgeted().await.is_err());
 }
