@@ -36,8 +36,8 @@
 //! |----------|-------------------------------------------------------------|----------------------|
 //! | `Admit`  | ask the breaker; count the attempt; set its time limit      | `Run`, or `Wait` (for the letter) when the breaker refuses |
 //! | `Run`    | poll the attempt (and its time limit)                       | resolve `Break(Ok)` when the outcome is accepted; `Wait` when a shared breaker must hear of the failure; else [`decide`]: `Sleep`, or `Wait` (for a shared budget, or the letter) |
-//! | `Wait`   | wait for a shared breaker's answer to the failure, or a shared retry budget's to the retry (one round trip to Redis each), or for the dead letter to be on its way | after the breaker: [`decide`]; after the budget: `Sleep`, or `Wait` for the letter; after the letter: resolve `Break(result)` |
-//! | `Sleep`  | wait out the delay (a zero delay sets no timer)             | resolve `Continue`   |
+//! | `Wait`   | wait for a shared breaker's answer to the failure, or a shared retry budget's to the retry (one round trip to Redis each), for the dead letter to be on its way, or for the next attempt to be counted in the job's claim | after the breaker: [`decide`]; after the budget: `Sleep`, or `Wait` for the letter; after the letter: resolve `Break(result)`; after the count: resolve `Continue` |
+//! | `Sleep`  | wait out the delay (a zero delay sets no timer)             | resolve `Continue`; inside a job's claim (`#[idempotent]` around `#[retry]`), `Wait` for the next attempt's count in the key's record first |
 //! | `Done`   | a resolved round polled again: panic                        |                      |
 //!
 //! A round that is dropped mid-way drops its attempt, its timer and its breaker permit (a
@@ -64,6 +64,7 @@ use crate::budget::{Asking, RetryBudget, Withdrawal};
 use crate::dead_letter::{DeadLetter, DeadLetterSink, GiveUp};
 use crate::observe::{Event, Job};
 use crate::runtime::Current;
+use crate::step::Journal;
 use crate::{Error, Policy, Verdict};
 use core::ops::ControlFlow;
 use rand::rngs::SmallRng;
@@ -71,6 +72,7 @@ use std::collections::VecDeque;
 use std::fmt::{self, Display};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 use tokio::time::{Instant, Sleep};
@@ -325,6 +327,10 @@ struct Failed {
     rng: Option<SmallRng>,
     /// The last errors, for the dead letter.
     trail: Trail,
+    /// The claim this call's job holds on its key, if it runs inside one (`#[idempotent]`
+    /// around `#[retry]`): each retry is counted in the key's record before it starts, and the
+    /// dead letter reports that count.
+    claim: Option<Arc<Journal>>,
 }
 
 impl<'a, E> Retry<'a, E> {
@@ -500,6 +506,7 @@ impl<'a, E> Retry<'a, E> {
                 previous_delay: base,
                 rng: None,
                 trail: Trail::new(),
+                claim: self.spec.key.and_then(crate::step::of_key),
             }
         });
         if !failed.stamped {
@@ -653,6 +660,12 @@ impl<'a, E> Retry<'a, E> {
         (Err(lift(refused)), sending)
     }
 
+    /// The count of the next attempt in the job's claim, when the call runs inside one.
+    fn count_next(&self) -> Option<Sending<'a>> {
+        let claim = self.failed.as_ref()?.claim.clone()?;
+        Some(Box::pin(async move { claim.attempted().await }))
+    }
+
     fn jittered(&mut self, retry: u32) -> Duration {
         let p = self.spec.policy;
         let curve = p.delay(retry);
@@ -701,10 +714,17 @@ impl<'a, E> Retry<'a, E> {
         if crate::dead_letter::redriven(self.spec.job, self.spec.key) {
             return Box::pin(std::future::ready(()));
         }
-        let attempts = delivery.map_or(this_delivery, |d| {
-            (d.number.saturating_sub(1))
-                .saturating_mul(self.spec.policy.attempts)
-                .saturating_add(this_delivery)
+        // The count in the key's record when the job holds a claim (every attempt of every
+        // delivery, crashed ones too); else inferred from the delivery's number.
+        let counted = (self.failed.as_ref())
+            .and_then(|f| f.claim.as_ref())
+            .and_then(|claim| claim.attempts());
+        let attempts = counted.unwrap_or_else(|| {
+            delivery.map_or(this_delivery, |d| {
+                (d.number.saturating_sub(1))
+                    .saturating_mul(self.spec.policy.attempts)
+                    .saturating_add(this_delivery)
+            })
         });
         let failed = self.stamp();
         let (first, last) = (failed.first_wall, failed.last_wall);
@@ -857,6 +877,9 @@ enum Waiting<'a, T, E> {
         result: Result<T, E>,
         sending: Sending<'a>,
     },
+    /// The delay is over, and the next attempt is counted in the job's claim (one round trip)
+    /// before it starts.
+    Count { counting: Sending<'a> },
 }
 
 /// Enters the state that `next` says follows a failed outcome.
@@ -974,7 +997,9 @@ where
                             reporting.as_mut().poll(cx).map(|()| true)
                         }
                         Waiting::Ask { asking, .. } => asking.as_mut().poll(cx),
-                        Waiting::Letter { sending, .. } => sending.as_mut().poll(cx).map(|()| true),
+                        Waiting::Letter { sending, .. } | Waiting::Count { counting: sending } => {
+                            sending.as_mut().poll(cx).map(|()| true)
+                        }
                     };
                     let granted = ready!(waited);
                     let next = match this.waiting.take().expect("a waiting round") {
@@ -1000,12 +1025,21 @@ where
                             *this.state = State::Done;
                             return Poll::Ready(ControlFlow::Break(result));
                         }
+                        Waiting::Count { .. } => {
+                            *this.state = State::Done;
+                            return Poll::Ready(ControlFlow::Continue(()));
+                        }
                     };
                     enter(next, this.state, this.timer.as_mut(), this.waiting);
                 }
                 State::Sleep => {
                     if let Some(delay) = this.timer.as_mut().as_pin_mut() {
                         ready!(delay.poll(cx));
+                    }
+                    if let Some(counting) = this.retry.count_next() {
+                        *this.waiting = Some(Waiting::Count { counting });
+                        *this.state = State::Wait;
+                        continue;
                     }
                     *this.state = State::Done;
                     return Poll::Ready(ControlFlow::Continue(()));
