@@ -205,6 +205,7 @@ impl Held {
                         Ok(()) => {}
                         Err(Error::LeaseLost) => {
                             lost = true;
+                            self.journal.lose();
                             s.emit(Event::LeaseLost { scope: &s.name, key: &s.key });
                             let (what, who) = match s.work {
                                 Work::Job => ("job ran", "another worker may run it too"),

@@ -714,11 +714,15 @@ impl<'a, E> Retry<'a, E> {
         if crate::dead_letter::redriven(self.spec.job, self.spec.key) {
             return Box::pin(std::future::ready(()));
         }
+        // The job's claim was taken over while this call ran (a worker paused past its lease):
+        // the job is the other worker's, which settles it; this one writes no letter.
+        let claim = self.failed.as_ref().and_then(|f| f.claim.clone());
+        if claim.as_ref().is_some_and(|claim| claim.lost()) {
+            return Box::pin(std::future::ready(()));
+        }
         // The count in the key's record when the job holds a claim (every attempt of every
         // delivery, crashed ones too); else inferred from the delivery's number.
-        let counted = (self.failed.as_ref())
-            .and_then(|f| f.claim.as_ref())
-            .and_then(|claim| claim.attempts());
+        let counted = claim.and_then(|claim| claim.attempts());
         let attempts = counted.unwrap_or_else(|| {
             delivery.map_or(this_delivery, |d| {
                 (d.number.saturating_sub(1))

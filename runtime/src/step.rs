@@ -85,7 +85,7 @@ use crate::store::{MAX_STEP_NAME, StepKey, StepRecord, Store, StoreKey};
 use crate::{Error, Runtime};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -174,6 +174,9 @@ pub(crate) struct Journal {
     /// The job's attempts counted in its key's record so far ([`Store::attempted`]); 0 when
     /// the store keeps no count for the key.
     attempts: AtomicU32,
+    /// Set once the store said another claim holds the key: this worker's run of the job is a
+    /// zombie's, and its give-up writes no dead letter (the job is the other worker's).
+    lost: AtomicBool,
     book: Mutex<Book>,
 }
 
@@ -209,6 +212,7 @@ impl Journal {
             key: key.key.to_owned(),
             token: token.to_owned(),
             attempts: AtomicU32::new(attempts),
+            lost: AtomicBool::new(false),
             book: Mutex::new(Book {
                 recorded: steps.map(by_name),
                 run: 0,
@@ -231,6 +235,17 @@ impl Journal {
         Some(self.attempts.load(Ordering::Relaxed)).filter(|&n| n > 0)
     }
 
+    /// Whether the store said this claim was taken over (a step's record, a count or a
+    /// renewal found [`Error::LeaseLost`]).
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Notes that the claim was taken over.
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::Relaxed);
+    }
+
     /// Counts one more attempt of the job in its key's record, before a retry. A count that
     /// cannot be written (the store out of reach, the lease lost) is logged, and the count is
     /// no longer known: the dead letter then infers it (see [`crate::apalis`]).
@@ -240,6 +255,10 @@ impl Journal {
         }
         let counted = match self.store.attempted(self.key(), &self.token).await {
             Ok(attempts) => attempts,
+            Err(Error::LeaseLost) => {
+                self.lose();
+                0
+            }
             Err(e) => {
                 log_error(format_args!(
                     "jobguard: the attempts of job {} with key {} could not be counted ({e});                      its dead letter, if any, infers them from the deliveries",
@@ -362,6 +381,7 @@ impl Journal {
             {
                 Ok(()) => break,
                 Err(Error::LeaseLost) => {
+                    self.lose();
                     self.runtime.emit(&Event::LeaseLost {
                         scope: &self.job,
                         key: &self.key,

@@ -1,10 +1,12 @@
 //! A zombie: a worker process paused with `SIGSTOP` inside a checkout's reserve step (its
 //! effect made, its record not yet written) past its lease. Another worker takes the job over,
 //! replays the capture and finishes it; the paused worker wakes with `SIGCONT`, and its step's
-//! write is refused: it records nothing, and the job's effects stay once each.
+//! write is refused: it records nothing, the job's effects stay once each, and the zombie's
+//! failed run writes no dead letter (the job is its successor's, which completed it).
 
 mod steps;
 
+use jobguard::RedisDeadLetters;
 use jobguard_testkit::redis::RedisServer;
 use std::time::Duration;
 use steps::{Order, Point, Workers, connect, count, list, until_count, until_len};
@@ -41,7 +43,16 @@ async fn a_paused_worker_wakes_to_a_refused_step_write() {
     until_count(&mut redis, "receipts", id, 1, Duration::from_secs(30)).await;
 
     workers.wake(&mut redis, zombie, id).await;
+    // Counted once the zombie's call returned its error, its give-up done.
     until_count(&mut redis, "lease_lost", id, 1, Duration::from_secs(30)).await;
+    let letters = RedisDeadLetters::connect(&url, steps::DEAD_LETTERS)
+        .await
+        .unwrap();
+    assert!(
+        letters.is_empty().await.unwrap(),
+        "a zombie writes no letter: {:?}",
+        letters.list().await.unwrap()
+    );
     until_len(&mut redis, "runs", id, 3, Duration::from_secs(30)).await;
 
     assert_eq!(count(&mut redis, "captured", id).await, 1);
