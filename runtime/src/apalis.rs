@@ -147,27 +147,19 @@
 //!
 //! # The letter's attempts
 //!
-//! The letter's `attempts` counts every attempt of every delivery. apalis 1.0 keeps nothing per
-//! task that the layer could carry a count in from one delivery to the next: apalis-redis 1.0
-//! stores with a task its arguments, its attempt counter and status (written when a worker
-//! acknowledges a result, not when a worker dies), `max_attempts`, the metadata the producer
-//! pushed (a worker's changes to a task's metadata or extensions stay in its memory), and the
-//! last result, the `Display` of the handler's error. Only that last string reaches the next
-//! delivery (as a metadata entry, `result`), and carrying a count in it would mean rewriting the
-//! handler's error. So jobguard counts:
+//! The letter's `attempts` counts every attempt of every delivery, in the key's record: with
+//! `#[idempotent]` outside `#[retry]` (the recommended order), the claim that acquires the key
+//! counts the delivery's first attempt, and each retry is counted in the record before it
+//! starts ([`Store::attempted`](crate::Store::attempted), one round trip a retry, none on the
+//! success path). A delivery cut short by a crash, by the end of a graceful stop's grace, by
+//! the budget or the breaker counts what it made; a worker killed between an attempt's count
+//! and its first effect leaves one attempt counted that did nothing.
 //!
-//! `attempts = (number - 1) × policy attempts + this delivery's attempts`
-//!
-//! That is exact when each earlier delivery ran all of the policy's attempts and handed the job
-//! back: a job that fails the same way every time. It is not exact when an earlier delivery
-//!
-//! * ended in a crash (a worker killed mid-task): apalis does not count it, so its attempts are
-//!   missing from the letter;
-//! * ended early: the budget or the breaker cut its loop short, or jobguard's own failure
-//!   (`InProgress`, the store out of reach) ended it before `#[retry]` ran; it counts as a full
-//!   delivery;
-//! * was one of several calls of an apalis `.retry(..)` layer around this one (each of its calls
-//!   is a delivery with its own number).
+//! Without a claim around the retries (no `#[idempotent]`, or `#[retry]` outside it, where each
+//! attempt is a claim of its own), jobguard infers the count from the delivery, since apalis
+//! 1.0 keeps nothing per task that could carry one from a delivery to the next:
+//! `(number - 1) × policy attempts + this delivery's attempts`, exact only when each earlier
+//! delivery made all of the policy's attempts.
 //!
 //! The letter's `first_attempt` is the first attempt of the last delivery.
 //!

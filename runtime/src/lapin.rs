@@ -117,11 +117,10 @@
 //!
 //! # The letter's attempts
 //!
-//! A letter's `attempts` counts `(number - 1) × the policy's attempts + this delivery's
-//! attempts`, as under apalis: exact for a job that fails the same way on every delivery, and
-//! short of the truth when an earlier delivery ended in a crash or early (the
-//! [apalis module](crate::apalis) lists the cases; the feature `apalis` need not be on to read
-//! it).
+//! A letter's `attempts` counts every attempt of every delivery in the key's record, when the
+//! job is `#[idempotent]` outside its `#[retry]`; else it is inferred from the delivery's number,
+//! as under apalis (the [apalis module](crate::apalis) says how; the feature `apalis` need not
+//! be on to read it).
 pub use crate::Delivery;
 
 use lapin::types::AMQPValue;

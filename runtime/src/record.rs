@@ -67,9 +67,10 @@ pub struct DeadLetter {
     pub key: Option<String>,
     /// Why it gave up.
     pub reason: GiveUp,
-    /// Attempts made. Under a job runner's [`Delivery`](crate::Delivery), the attempts of every
-    /// delivery, counted as `(number - 1) × the policy's attempts + this delivery's` (see
-    /// `jobguard::apalis` for when that is exact).
+    /// Attempts made: for a job that holds a claim around its retries (`#[idempotent]` outside
+    /// `#[retry]`), the count in its key's record over every claim and delivery; else, under a
+    /// job runner's [`Delivery`](crate::Delivery), `(number - 1) × the policy's attempts + this
+    /// delivery's` (see `jobguard::apalis`).
     pub attempts: u32,
     /// The last error's `Display`.
     pub error: String,

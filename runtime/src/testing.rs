@@ -905,13 +905,19 @@ pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backe
     let store = b.store();
     let k = key("gen");
     let options = ClaimOptions::new(LONG).ttl(DAY);
-    assert_eq!(store.claim(k, "t1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "t1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     let Ok(Claimed::InProgress { retry_in }) = store.claim(k, "t2", options).await else {
         panic!("held");
     };
     assert!(retry_in > Duration::from_secs(58), "{retry_in:?}");
     store.release(k, "t1").await.unwrap();
-    assert_eq!(store.claim(k, "t2", options).await.plain(), Ok(acquired(2, 0)));
+    assert_eq!(
+        store.claim(k, "t2", options).await.plain(),
+        Ok(acquired(2, 0))
+    );
     // A renewed claim keeps its generation; a stale token's release leaves it alone.
     store.renew(k, "t2", LONG).await.unwrap();
     store.release(k, "t1").await.unwrap();
@@ -925,7 +931,10 @@ pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backe
         Ok(Claim::Acquired)
     );
     store.release(k, "t3").await.unwrap();
-    assert_eq!(store.claim(k, "t4", options).await.plain(), Ok(acquired(4, 0)));
+    assert_eq!(
+        store.claim(k, "t4", options).await.plain(),
+        Ok(acquired(4, 0))
+    );
     store.complete(k, "t4", b"r", DAY).await.unwrap();
     assert_eq!(
         store.claim(k, "t5", options).await,
@@ -934,10 +943,16 @@ pub async fn generations_grow_with_every_claim_and_a_release_keeps_them<B: Backe
     // A fingerprint is checked against a live claim, not against a released key's history.
     let f = key("gen-fp");
     let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
-    assert_eq!(store.claim(f, "a", with("x")).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(f, "a", with("x")).await.plain(),
+        Ok(acquired(1, 0))
+    );
     assert_eq!(store.claim(f, "b", with("y")).await, Ok(Claimed::KeyReused));
     store.release(f, "a").await.unwrap();
-    assert_eq!(store.claim(f, "b", with("y")).await.plain(), Ok(acquired(2, 0)));
+    assert_eq!(
+        store.claim(f, "b", with("y")).await.plain(),
+        Ok(acquired(2, 0))
+    );
 }
 
 /// A claim whose lease lapsed (its worker died) is taken over by the next claim and counted;
@@ -954,7 +969,10 @@ pub async fn an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poiso
     let options = ClaimOptions::new(CRASH_LEASE)
         .crashes(3)
         .ttl(Duration::from_secs(3600));
-    assert_eq!(store.claim(k, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     // w1 dies: its lease lapses, and w2 takes over, counted.
     let got = claimed_when_free(&store, k, "w2", options, within).await;
     assert_eq!(got.plain(), acquired(2, 1));
@@ -967,7 +985,10 @@ pub async fn an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poiso
     store.release(k, "w1").await.unwrap();
     // w2 fails and releases: not a crash, and the count is kept.
     store.release(k, "w2").await.unwrap();
-    assert_eq!(store.claim(k, "w3", options).await.plain(), Ok(acquired(3, 1)));
+    assert_eq!(
+        store.claim(k, "w3", options).await.plain(),
+        Ok(acquired(3, 1))
+    );
     // w3 dies, w4 takes over; w4 dies.
     let got = claimed_when_free(&store, k, "w4", options, within).await;
     assert_eq!(got.plain(), acquired(4, 2));
@@ -1016,7 +1037,10 @@ pub async fn a_crash_limit_of_zero_never_poisons<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("never-poisoned");
     let options = ClaimOptions::new(CRASH_LEASE).crashes(0);
-    assert_eq!(store.claim(k, "t0", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "t0", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     for generation in 2..=4 {
         assert!(matches!(
             store.claim(k, "other", options).await,
@@ -1035,7 +1059,10 @@ pub async fn a_poisoned_key_is_refused_for_its_ttl<B: Backend>(b: &B) {
     let k = key("poisoned-briefly");
     let ttl = Duration::from_millis(600);
     let options = ClaimOptions::new(CRASH_LEASE).crashes(1).ttl(ttl);
-    assert_eq!(store.claim(k, "a", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "a", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     // The claim that poisons the key: the key is refused from some time after `before` on.
     let deadline = Instant::now() + Duration::from_secs(5);
     let before = loop {
@@ -1160,7 +1187,10 @@ pub async fn a_poisoned_keys_letter_is_handed_out_until_it_is_confirmed<B: Backe
 
     // `lettered` leaves a key that is not poisoned as it is.
     let free = key("lettered-free");
-    assert_eq!(store.claim(free, "a", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(free, "a", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.lettered(free).await.unwrap();
     store.complete(free, "a", b"done", DAY).await.unwrap();
     store.lettered(free).await.unwrap();
@@ -1170,7 +1200,10 @@ pub async fn a_poisoned_keys_letter_is_handed_out_until_it_is_confirmed<B: Backe
     );
     store.lettered(key("lettered-absent")).await.unwrap();
     assert_eq!(
-        store.claim(key("lettered-absent"), "c", options).await.plain(),
+        store
+            .claim(key("lettered-absent"), "c", options)
+            .await
+            .plain(),
         Ok(acquired(1, 0))
     );
 }
@@ -1201,7 +1234,10 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
     }
     assert_eq!(store.forgive(k).await, Ok(false), "nothing left to forgive");
     // Free again, its generation kept: the next claim is numbered after the dead workers'.
-    assert_eq!(store.claim(k, "w3", options).await.plain(), Ok(acquired(3, 0)));
+    assert_eq!(
+        store.claim(k, "w3", options).await.plain(),
+        Ok(acquired(3, 0))
+    );
     // A live claim is left alone: still in progress, still its holder's.
     assert_eq!(store.forgive(k).await, Ok(false), "a live claim");
     assert!(matches!(
@@ -1223,7 +1259,10 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
     );
     assert_eq!(store.forgive(k).await, Ok(true));
     // w6 completes: the job ran, and replays from now on.
-    assert_eq!(store.claim(k, "w6", options).await.plain(), Ok(acquired(5, 0)));
+    assert_eq!(
+        store.claim(k, "w6", options).await.plain(),
+        Ok(acquired(5, 0))
+    );
     store.complete(k, "w6", b"ran", DAY).await.unwrap();
     assert_eq!(
         store.claim(k, "w7", options).await,
@@ -1232,7 +1271,10 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
 
     // A claim whose lease lapsed: forgiven with the crashes, so its takeover counts none.
     let l = key("forgiven-lapse");
-    assert_eq!(store.claim(l, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(l, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     let got = claimed_when_free(&store, l, "w2", options, Duration::from_secs(5)).await;
     assert_eq!(got.plain(), acquired(2, 1), "w1's lapse, counted");
     // w2 dies too; before anyone claims the key again, it is forgiven.
@@ -1241,7 +1283,10 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
         assert!(Instant::now() < deadline, "w2's lease never lapsed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(store.claim(l, "w3", options).await.plain(), Ok(acquired(3, 0)));
+    assert_eq!(
+        store.claim(l, "w3", options).await.plain(),
+        Ok(acquired(3, 0))
+    );
     // w2 can no longer complete, renew or release what w3 holds.
     assert_eq!(
         store.complete(l, "w2", b"late", DAY).await,
@@ -1262,7 +1307,10 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
         "a released key with a crash"
     );
     assert_eq!(store.forgive(l).await, Ok(false), "and without");
-    assert_eq!(store.claim(l, "w6", options).await.plain(), Ok(acquired(6, 0)));
+    assert_eq!(
+        store.claim(l, "w6", options).await.plain(),
+        Ok(acquired(6, 0))
+    );
 }
 
 /// `forgive` leaves a completed record (it replays, its result and expiry unchanged), a live
@@ -1282,7 +1330,10 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
 
     // Completed after a crash: untouched, and it replays.
     let done = key("forgive-done");
-    assert_eq!(store.claim(done, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(done, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     let got = claimed_when_free(&store, done, "w2", options, Duration::from_secs(5)).await;
     assert_eq!(got.plain(), acquired(2, 1));
     store.complete(done, "w2", b"receipt", DAY).await.unwrap();
@@ -1302,7 +1353,10 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     // With a fingerprint, still checked against the record.
     let fp = key("forgive-done-fp");
     let with = |fp| ClaimOptions::new(LONG).fingerprint(Some(fp));
-    assert_eq!(store.claim(fp, "a", with("x")).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(fp, "a", with("x")).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.complete(fp, "a", b"r", DAY).await.unwrap();
     assert_eq!(store.forgive(fp).await, Ok(false));
     assert_eq!(
@@ -1317,7 +1371,10 @@ pub async fn forgive_leaves_a_completed_record_and_a_live_claim_as_they_are<B: B
     // A live claim that has a crash counted: untouched, crash count included.
     let live = key("forgive-live");
     let long = ClaimOptions::new(LONG).crashes(3).ttl(DAY);
-    assert_eq!(store.claim(live, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(live, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     let got = claimed_when_free(&store, live, "w2", long, Duration::from_secs(5)).await;
     assert_eq!(got.plain(), acquired(2, 1));
     assert_eq!(store.forgive(live).await, Ok(false), "a live claim");
@@ -1378,7 +1435,10 @@ pub async fn a_forgive_racing_the_takeover_of_a_lapsed_claim_never_undoes_it<B: 
     let store = b.store();
     let k = key("forgive-takeover");
     let short = ClaimOptions::new(CRASH_LEASE).crashes(5).ttl(DAY);
-    assert_eq!(store.claim(k, "dead", short).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "dead", short).await.plain(),
+        Ok(acquired(1, 0))
+    );
     // The dead worker's lease runs out (time passing, on the server's clock for a server).
     tokio::time::sleep(CRASH_LEASE + Duration::from_millis(100)).await;
     let long = ClaimOptions::new(LONG).crashes(5).ttl(DAY);
@@ -1467,7 +1527,10 @@ pub async fn inspect_tells_each_state_and_forget_frees_the_key<B: Backend>(b: &B
     );
     let lease = ClaimOptions::new(Duration::from_secs(60));
     let c = key("inspect-claimed");
-    assert_eq!(store.claim(c, "w1", lease).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(c, "w1", lease).await.plain(),
+        Ok(acquired(1, 0))
+    );
     let info = store.inspect(c).await.unwrap();
     assert_eq!(info.state, KeyState::Claimed, "{info:?}");
     assert_eq!((info.generation, info.crashes), (Some(1), 0), "{info:?}");
@@ -1489,7 +1552,10 @@ pub async fn inspect_tells_each_state_and_forget_frees_the_key<B: Backend>(b: &B
     assert_eq!(info.result.as_deref(), Some(&b"done"[..]));
 
     let r = key("inspect-released");
-    assert_eq!(store.claim(r, "w1", lease).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(r, "w1", lease).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.release(r, "w1").await.unwrap();
     let info = store.inspect(r).await.unwrap();
     assert_eq!(info.state, KeyState::Free, "{info:?}");
@@ -1550,20 +1616,31 @@ pub async fn attempts_are_counted_over_every_claim<B: Backend>(b: &B) {
     assert_eq!(store.attempted(k, "w1").await, Ok(3));
     assert_eq!(store.attempted(k, "other").await, Err(Error::LeaseLost));
     store.release(k, "w1").await.unwrap();
-    assert_eq!(store.attempted(k, "w1").await, Err(Error::LeaseLost), "released");
+    assert_eq!(
+        store.attempted(k, "w1").await,
+        Err(Error::LeaseLost),
+        "released"
+    );
     assert_eq!(attempts(store.claim(k, "w2", long).await.unwrap()), 4);
 
     // w2 dies holding the key: the takeover counts on.
     let short = ClaimOptions::new(SHORT).ttl(DAY);
     let lapsing = key("attempts-lapsing");
-    assert_eq!(attempts(store.claim(lapsing, "w1", short).await.unwrap()), 1);
+    assert_eq!(
+        attempts(store.claim(lapsing, "w1", short).await.unwrap()),
+        1
+    );
     assert_eq!(store.attempted(lapsing, "w1").await, Ok(2));
     let taken = claimed_when_free(&store, lapsing, "w2", short, Duration::from_secs(5)).await;
     assert_eq!(attempts(taken), 3, "counted on after the takeover");
     assert_eq!(store.attempted(lapsing, "w1").await, Err(Error::LeaseLost));
 
     assert_eq!(store.forget(k).await, Ok(true));
-    assert_eq!(attempts(store.claim(k, "w3", long).await.unwrap()), 1, "forgotten");
+    assert_eq!(
+        attempts(store.claim(k, "w3", long).await.unwrap()),
+        1,
+        "forgotten"
+    );
 }
 
 /// A step of the checks' jobs.
@@ -1667,7 +1744,10 @@ pub async fn a_completed_forgiven_or_forgotten_job_has_no_steps<B: Backend>(b: &
     let one = step("one", 1);
 
     let c = key("steps-completed");
-    assert_eq!(store.claim(c, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(c, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.record_step(c, "w1", one, b"1").await.unwrap();
     store.complete(c, "w1", b"done", DAY).await.unwrap();
     assert_eq!(store.steps(c).await, Ok(Vec::new()), "completed");
@@ -1677,7 +1757,10 @@ pub async fn a_completed_forgiven_or_forgotten_job_has_no_steps<B: Backend>(b: &
 
     let f = key("steps-forgiven");
     let lapsing = ClaimOptions::new(CRASH_LEASE).ttl(DAY);
-    assert_eq!(store.claim(f, "w1", lapsing).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(f, "w1", lapsing).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.record_step(f, "w1", one, b"1").await.unwrap();
     // Its worker dies: once the lease lapsed, forgive clears the crash, and the steps with it.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -1690,7 +1773,10 @@ pub async fn a_completed_forgiven_or_forgotten_job_has_no_steps<B: Backend>(b: &
     assert_eq!((claimed.plain(), steps), (acquired(2, 0), Vec::new()));
 
     let g = key("steps-forgotten");
-    assert_eq!(store.claim(g, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(g, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store.record_step(g, "w1", one, b"1").await.unwrap();
     store.release(g, "w1").await.unwrap();
     assert_eq!(store.forget(g).await, Ok(true));
@@ -1706,7 +1792,10 @@ pub async fn steps_expire_with_their_job<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("steps-expire");
     let options = ClaimOptions::new(SHORT).ttl(SHORT);
-    assert_eq!(store.claim(k, "w1", options).await.plain(), Ok(acquired(1, 0)));
+    assert_eq!(
+        store.claim(k, "w1", options).await.plain(),
+        Ok(acquired(1, 0))
+    );
     store
         .record_step(k, "w1", step("one", 1), b"1")
         .await

@@ -329,7 +329,9 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
         }
         assert_eq!(letter.attempts, tries, "{order}'s letter");
     }
-    println!("letters with one attempt counted that a SIGKILL kept from the gateway: {killed_between:?}");
+    println!(
+        "letters with one attempt counted that a SIGKILL kept from the gateway: {killed_between:?}"
+    );
     println!(
         "{} charged, {} dead-lettered (each checked against the gateway's tries), \
          {} SIGKILLs, {} SIGTERMs, {} keys taken over from a crash, in {:?}",

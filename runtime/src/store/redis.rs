@@ -729,9 +729,13 @@ fn decode_claim(reply: Value, keeps_steps: bool) -> Result<Claimed, Error> {
             Ok(acquired(g, c, 1, Some(Vec::new())))
         }
         [Value::Int(0), Value::Int(g), Value::Int(c)] => Ok(acquired(g, c, 0, None)),
-        [Value::Int(0), Value::Int(g), Value::Int(c), Value::Int(a), steps] => {
-            Ok(acquired(g, c, count(a), Some(decode_steps(steps)?)))
-        }
+        [
+            Value::Int(0),
+            Value::Int(g),
+            Value::Int(c),
+            Value::Int(a),
+            steps,
+        ] => Ok(acquired(g, c, count(a), Some(decode_steps(steps)?))),
         _ => decode_refusal(&reply, items),
     }
 }
