@@ -3,8 +3,9 @@
 //!
 //! The workers are this test binary run again (see `durable/mod.rs`); the kills happen at the
 //! crash points the issue of a real deployment would see: with the claim held before the
-//! effect, and after the result was stored but before the broker heard of it. A kill between
-//! the effect and the stored result is the window `durable_window.rs` shows.
+//! effect, and after the result was stored but before the broker heard of it. A job killed
+//! before its effect runs again on its next delivery, not its last. A kill between the effect
+//! and the stored result is the window `durable_window.rs` shows.
 
 mod durable;
 
@@ -58,6 +59,13 @@ async fn killed_workers_lose_no_job_and_repeat_no_effect() {
             runs, 1,
             "job {id}, killed at {point}, reached its effect {runs} times"
         );
+        if point == "before" {
+            // The body ran twice, both times on delivery 1: the delivery after the kill waited
+            // out the dead worker's lease and ran the job, rather than being handed back
+            // `InProgress` (which apalis would count, making the run's number 2).
+            let seen = durable::deliveries(&mut redis, *id).await;
+            assert_eq!(seen, [1, 1], "job {id}'s runs, by delivery");
+        }
     }
     let dead: usize = redis::AsyncCommands::scard(&mut redis, durable::config().dead_jobs_set())
         .await

@@ -77,13 +77,16 @@ pub enum Downstream {
     Fenced,
 }
 
-/// The apalis-redis settings of the tests: a worker whose heartbeat stops for 2 s is dead, and
-/// its tasks go back on the queue.
+/// The apalis-redis settings of the tests: a worker whose heartbeat stops for 5 s is dead, and
+/// its tasks go back on the queue. apalis-redis beats from the worker's poll of the queue, which
+/// a worker at concurrency 1 makes only between tasks: a task that waits out another claim's
+/// lease (2 s here) delays its beat by as long, so a limit of 2 s declared such live workers
+/// dead (and stopped them with "worker not registered").
 pub fn config() -> apalis_redis::Config {
     apalis_redis::Config::default()
         .queue(QUEUE)
         .heartbeat_interval(Duration::from_secs(1))
-        .missed_heartbeats(2)
+        .missed_heartbeats(5)
         .batch_size(4)
 }
 
