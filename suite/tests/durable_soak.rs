@@ -319,10 +319,18 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
     // included. An attempt is counted before it calls the gateway, so a worker killed between
     // the two leaves one attempt counted that the gateway never saw: for the orders a killed
     // worker was running, the letter may say one more.
+    // A job whose workers died holding it three times is poisoned: its `crashed` letter counts
+    // the runs that died, not their attempts.
     let mut killed_between = Vec::new();
+    let mut poisoned = Vec::new();
     for (order, letter) in &lettered {
         let tries: u32 = redis.get(format!("demo:tries:{order}")).await.unwrap_or(0);
         let key = letter.key.clone().unwrap_or_default();
+        if letter.reason == jobguard::GiveUp::Crashed {
+            assert!(killed_keys.contains(&key), "{order} poisoned, never killed");
+            poisoned.push(order.clone());
+            continue;
+        }
         if killed_keys.contains(&key) && letter.attempts == tries + 1 {
             killed_between.push(order.clone());
             continue;
@@ -330,7 +338,8 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
         assert_eq!(letter.attempts, tries, "{order}'s letter");
     }
     println!(
-        "letters with one attempt counted that a SIGKILL kept from the gateway: {killed_between:?}"
+        "letters with one attempt counted that a SIGKILL kept from the gateway: \
+         {killed_between:?}; poisoned by three SIGKILLs: {poisoned:?}"
     );
     println!(
         "{} charged, {} dead-lettered (each checked against the gateway's tries), \

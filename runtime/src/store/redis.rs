@@ -219,8 +219,10 @@ pub const MAX_VERBATIM_KEY: usize = 200;
 /// The prefix of every key that holds a record ([`RedisStore::redis_key`]).
 pub const KEY_PREFIX: &str = "jobguard:";
 
-/// The prefix of every key that holds a job's durable steps ([`RedisStore::steps_key`]).
-pub const STEPS_PREFIX: &str = "jobguard-steps:";
+/// The prefix of every key that holds a job's durable steps and count of attempts
+/// ([`RedisStore::steps_key`]). Under [`KEY_PREFIX`], so that an ACL limited to `~jobguard:*`
+/// covers it, and never a record's key: a record's scope holds `%` only as `%25` or `%3A`.
+pub const STEPS_PREFIX: &str = "jobguard:%steps:";
 
 /// An idempotency [`Store`] on Redis: one server through the `redis` crate's connection manager,
 /// or a Redis Cluster through its cluster connection.
@@ -547,7 +549,7 @@ impl RedisStore {
     }
 
     /// The Redis key that holds the durable steps of the job whose record is at `record` (a
-    /// [`redis_key`](Self::redis_key)): `jobguard-steps:{<slot>}:<record>`, where `<slot>` is
+    /// [`redis_key`](Self::redis_key)): `jobguard:%steps:{<slot>}:<record>`, where `<slot>` is
     /// what Redis Cluster hashes of `record` (its hash tag, the text between its first `{` and
     /// the first `}` after it, when that is not empty; else the whole key), so that a job's
     /// steps are in its record's slot and one script reads or writes both. `None` for a record
@@ -559,11 +561,11 @@ impl RedisStore {
     ///
     /// assert_eq!(
     ///     RedisStore::steps_key("jobguard:shop.checkout:order-7").as_deref(),
-    ///     Some("jobguard-steps:{jobguard:shop.checkout:order-7}:jobguard:shop.checkout:order-7")
+    ///     Some("jobguard:%steps:{jobguard:shop.checkout:order-7}:jobguard:shop.checkout:order-7")
     /// );
     /// assert_eq!(
     ///     RedisStore::steps_key("jobguard:s:{tenant-1}:order-7").as_deref(),
-    ///     Some("jobguard-steps:{tenant-1}:jobguard:s:{tenant-1}:order-7")
+    ///     Some("jobguard:%steps:{tenant-1}:jobguard:s:{tenant-1}:order-7")
     /// );
     /// assert_eq!(RedisStore::steps_key("jobguard:s:a}b"), None);
     /// ```
