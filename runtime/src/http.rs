@@ -613,7 +613,9 @@ where
             return Ok(Problem::InProgress.response());
         }
         Ok(Claimed::KeyReused) => return Ok(Problem::KeyReused.response()),
-        Ok(Claimed::Poisoned { crashes, letter }) => {
+        Ok(Claimed::Poisoned {
+            crashes, letter, ..
+        }) => {
             // A request's letter is this log line.
             if letter == Letter::Yours {
                 log_error(format_args!(

@@ -282,7 +282,11 @@ impl<'a> Idempotent<'a> {
                     let completed = matches!(session.store().lookup(key).await, Ok(Some(_)));
                     return Err(E::from(key_reused(completed)));
                 }
-                Claimed::Poisoned { crashes, letter } => {
+                Claimed::Poisoned {
+                    crashes,
+                    attempts,
+                    letter,
+                } => {
                     // Inside a redrive of this job's own `crashed` letter, the operator asked
                     // for the poison job to run again: the key is forgiven, and claimed again.
                     if !forgiven && crate::dead_letter::redriven_crashed(self.name, self.key) {
@@ -303,7 +307,7 @@ impl<'a> Idempotent<'a> {
                     // another delivery holds the letter role) it may, so that a later delivery
                     // writes the letter.
                     let settled = match letter {
-                        Letter::Yours => self.letter_crashed(&session, crashes).await,
+                        Letter::Yours => self.letter_crashed(&session, crashes, attempts).await,
                         Letter::Held => false,
                         Letter::Written => true,
                     };
@@ -349,11 +353,12 @@ impl<'a> Idempotent<'a> {
         }
     }
 
-    /// Dead-letters a job whose claims were abandoned `crashes` times, through the job's sink
+    /// Dead-letters a job whose claims were abandoned `crashes` times (having made `attempts`
+    /// attempts, 0 when not counted), through the job's sink
     /// ([`dead_letter`](Self::dead_letter)) or else the runtime's, and confirms it to the store.
     /// `true` once the letter is written; a sink's failure is logged (the letter whole) and
     /// raised, never returned, and leaves the letter role to a later delivery.
-    async fn letter_crashed(&self, session: &Session, crashes: u32) -> bool {
+    async fn letter_crashed(&self, session: &Session, crashes: u32, attempts: u32) -> bool {
         let runtime = session.runtime();
         // The redriven letter of this job stays as its one letter: nothing is raised or sent.
         let written = if crate::dead_letter::redriven(self.name, Some(self.key)) {
@@ -370,7 +375,9 @@ impl<'a> Idempotent<'a> {
                 self.name,
                 Some(self.key.to_owned()),
                 GiveUp::Crashed,
-                crashes,
+                // The attempts the dead runs made, as the key's record counted them; the runs
+                // themselves when the store keeps no count.
+                if attempts > 0 { attempts } else { crashes },
                 error.to_string(),
                 now,
                 now,

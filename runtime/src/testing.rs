@@ -887,6 +887,13 @@ impl Shape for Claimed {
                 crashes,
                 ..
             } => acquired(generation, crashes),
+            Claimed::Poisoned {
+                crashes, letter, ..
+            } => Claimed::Poisoned {
+                crashes,
+                attempts: 0,
+                letter,
+            },
             other => other,
         }
     }
@@ -995,27 +1002,30 @@ pub async fn an_abandoned_claim_is_taken_over_and_counted_until_the_key_is_poiso
     // The third crash reaches the limit: the key is poisoned, reported once.
     let got = claimed_when_free(&store, k, "w5", options, within).await;
     assert_eq!(
-        got,
+        got.plain(),
         Claimed::Poisoned {
             crashes: 3,
-            letter: Letter::Yours
+            attempts: 0,
+            letter: Letter::Yours,
         }
     );
     // w5 holds the letter role for its lease: w6 is refused without it; once the letter is
     // confirmed, every claim is refused as settled.
     assert_eq!(
-        store.claim(k, "w6", options).await,
+        store.claim(k, "w6", options).await.plain(),
         Ok(Claimed::Poisoned {
             crashes: 3,
-            letter: Letter::Held
+            attempts: 0,
+            letter: Letter::Held,
         })
     );
     store.lettered(k).await.unwrap();
     assert_eq!(
-        store.claim(k, "w7", options).await,
+        store.claim(k, "w7", options).await.plain(),
         Ok(Claimed::Poisoned {
             crashes: 3,
-            letter: Letter::Written
+            attempts: 0,
+            letter: Letter::Written,
         })
     );
     assert_eq!(
@@ -1075,6 +1085,7 @@ pub async fn a_poisoned_key_is_refused_for_its_ttl<B: Backend>(b: &B) {
             Ok(Claimed::Poisoned {
                 crashes: 1,
                 letter: Letter::Yours,
+                ..
             }) => break before,
             other => panic!("{other:?}"),
         }
@@ -1130,19 +1141,21 @@ pub async fn a_poisoned_keys_letter_is_handed_out_until_it_is_confirmed<B: Backe
         .ttl(Duration::from_secs(3600));
     let (_, refused) = poison(&store, k, options).await;
     assert_eq!(
-        refused,
+        refused.plain(),
         Claimed::Poisoned {
             crashes: 1,
-            letter: Letter::Yours
+            attempts: 0,
+            letter: Letter::Yours,
         }
     );
     // The holder's letter failed: it confirms nothing. While its lease runs the role is held;
     // after it, the next claimer gets it, and holds it in turn.
     assert_eq!(
-        store.claim(k, "second", options).await,
+        store.claim(k, "second", options).await.plain(),
         Ok(Claimed::Poisoned {
             crashes: 1,
-            letter: Letter::Held
+            attempts: 0,
+            letter: Letter::Held,
         })
     );
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -1158,25 +1171,28 @@ pub async fn a_poisoned_keys_letter_is_handed_out_until_it_is_confirmed<B: Backe
             Ok(Claimed::Poisoned {
                 crashes: 1,
                 letter: Letter::Yours,
+                ..
             }) => break,
             other => panic!("{other:?}"),
         }
     }
     assert_eq!(
-        store.claim(k, "fourth", options).await,
+        store.claim(k, "fourth", options).await.plain(),
         Ok(Claimed::Poisoned {
             crashes: 1,
-            letter: Letter::Held
+            attempts: 0,
+            letter: Letter::Held,
         })
     );
     // The third's letter is written and confirmed: settled for good.
     store.lettered(k).await.unwrap();
     for token in ["fifth", "sixth"] {
         assert_eq!(
-            store.claim(k, token, options).await,
+            store.claim(k, token, options).await.plain(),
             Ok(Claimed::Poisoned {
                 crashes: 1,
-                letter: Letter::Written
+                attempts: 0,
+                letter: Letter::Written,
             })
         );
     }
@@ -1222,10 +1238,11 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
     let (generations, refused) = poison(&store, k, options).await;
     assert_eq!(generations, [1, 2]);
     assert_eq!(
-        refused,
+        refused.plain(),
         Claimed::Poisoned {
             crashes: 2,
-            letter: Letter::Yours
+            attempts: 0,
+            letter: Letter::Yours,
         }
     );
     assert_eq!(store.forgive(k).await, Ok(true), "a poisoned key");
@@ -1250,10 +1267,11 @@ pub async fn forgive_frees_a_poisoned_key_and_its_crashes_count_again_from_zero<
     assert_eq!(got.plain(), acquired(4, 1));
     let got = claimed_when_free(&store, k, "w5", options, Duration::from_secs(5)).await;
     assert_eq!(
-        got,
+        got.plain(),
         Claimed::Poisoned {
             crashes: 2,
-            letter: Letter::Yours
+            attempts: 0,
+            letter: Letter::Yours,
         },
         "poisoned again after the limit's number of crashes, and reported again"
     );
@@ -1602,7 +1620,8 @@ pub async fn inspect_tells_each_state_and_forget_frees_the_key<B: Backend>(b: &B
 /// A key counts its job's attempts over every claim: the claim that acquires it counts one
 /// ([`Claimed::Acquired`]'s `attempts`), its holder each further one ([`Store::attempted`]);
 /// the count is kept through a release and a takeover, a token that no longer holds the claim
-/// counts nothing ([`Error::LeaseLost`]), and a forgotten key starts again at 1.
+/// counts nothing ([`Error::LeaseLost`]), a poisoned key's refusals carry it
+/// ([`Claimed::Poisoned`]), and a forgotten key starts again at 1.
 pub async fn attempts_are_counted_over_every_claim<B: Backend>(b: &B) {
     let store = b.store();
     let k = key("attempts");
@@ -1640,6 +1659,34 @@ pub async fn attempts_are_counted_over_every_claim<B: Backend>(b: &B) {
         attempts(store.claim(k, "w3", long).await.unwrap()),
         1,
         "forgotten"
+    );
+
+    // Poisoned after two abandoned claims: the refusal carries the count, for the letter.
+    let dying = key("attempts-poisoned");
+    let limited = ClaimOptions::new(SHORT).ttl(DAY).crashes(2);
+    assert_eq!(
+        attempts(store.claim(dying, "w1", limited).await.unwrap()),
+        1
+    );
+    assert_eq!(store.attempted(dying, "w1").await, Ok(2));
+    let second = claimed_when_free(&store, dying, "w2", limited, Duration::from_secs(5)).await;
+    assert_eq!(attempts(second), 3);
+    let refused = claimed_when_free(&store, dying, "w3", limited, Duration::from_secs(5)).await;
+    assert!(
+        matches!(
+            refused,
+            Claimed::Poisoned {
+                crashes: 2,
+                attempts: 3,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let again = store.claim(dying, "w4", limited).await.unwrap();
+    assert!(
+        matches!(again, Claimed::Poisoned { attempts: 3, .. }),
+        "{again:?}"
     );
 }
 

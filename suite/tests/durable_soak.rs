@@ -320,7 +320,8 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
     // the two leaves one attempt counted that the gateway never saw: for the orders a killed
     // worker was running, the letter may say one more.
     // A job whose workers died holding it three times is poisoned: its `crashed` letter counts
-    // the runs that died, not their attempts.
+    // the attempts of the runs that died, each of which may have been killed between a count
+    // and its call.
     let mut killed_between = Vec::new();
     let mut poisoned = Vec::new();
     for (order, letter) in &lettered {
@@ -328,6 +329,11 @@ async fn a_backlog_over_killed_and_stopped_workers_charges_or_dead_letters_each_
         let key = letter.key.clone().unwrap_or_default();
         if letter.reason == jobguard::GiveUp::Crashed {
             assert!(killed_keys.contains(&key), "{order} poisoned, never killed");
+            assert!(
+                (tries..=tries + 3).contains(&letter.attempts),
+                "{order}'s crashed letter: {} attempts, {tries} tries",
+                letter.attempts
+            );
             poisoned.push(order.clone());
             continue;
         }

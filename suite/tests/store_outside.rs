@@ -96,6 +96,7 @@ impl Store for MapStore {
                             };
                             return Claimed::Poisoned {
                                 crashes: e.crashes,
+                                attempts: e.attempts,
                                 letter,
                             };
                         }
@@ -125,6 +126,7 @@ impl Store for MapStore {
                 e.expires = now + options.ttl;
                 return Claimed::Poisoned {
                     crashes,
+                    attempts: e.attempts,
                     letter: Letter::Yours,
                 };
             }

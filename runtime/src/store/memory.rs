@@ -760,7 +760,12 @@ impl Shard {
                             Letter::Yours
                         }
                     };
-                    return Ok(Claimed::Poisoned { crashes, letter });
+                    let attempts = record.attempts;
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        attempts,
+                        letter,
+                    });
                 }
                 State::Claimed { lease_end } if lease_end > now && reused => {
                     return Ok(Claimed::KeyReused);
@@ -774,6 +779,7 @@ impl Shard {
                 State::Released => {}
             }
             if options.crashes > 0 && crashes >= options.crashes {
+                let attempts = record.attempts;
                 self.refile(op, |r| {
                     r.set_payload(&[]);
                     r.steps = Vec::new();
@@ -784,6 +790,7 @@ impl Shard {
                 });
                 return Ok(Claimed::Poisoned {
                     crashes,
+                    attempts,
                     letter: Letter::Yours,
                 });
             }

@@ -185,6 +185,9 @@ pub enum Claimed {
     Poisoned {
         /// The abandoned claims counted.
         crashes: u32,
+        /// The job's attempts counted over every claim ([`Store::attempted`]), for its
+        /// `crashed` dead letter; 0 when the store keeps no count for this key.
+        attempts: u32,
         /// Who dead-letters the job: see [`Letter`].
         letter: Letter,
     },

@@ -468,6 +468,8 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
             let generation = get(3).map_err(fail)?.unwrap_or(0);
             let crashes = get(4).map_err(fail)?.unwrap_or(0);
             let crashes = u32::try_from(crashes).unwrap_or(u32::MAX);
+            let attempts = get(8).map_err(fail)?.unwrap_or(0);
+            let attempts = u32::try_from(attempts).unwrap_or(u32::MAX);
             match (state, wait) {
                 (0, _) => {
                     let names: Option<Vec<String>> = row.try_get(5).map_err(fail)?;
@@ -478,17 +480,20 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
                         .zip(values.unwrap_or_default())
                         .map(|((name, n), value)| StepRecord::new(name, occurrence(n), value))
                         .collect();
-                    let attempts = get(8).map_err(fail)?.unwrap_or(0);
                     return Ok(Claimed::Acquired {
                         generation: u64::try_from(generation).unwrap_or(0),
                         crashes,
-                        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                        attempts,
                         steps: Some(steps),
                     });
                 }
                 (4, _) => {
                     let letter = Letter::Yours;
-                    return Ok(Claimed::Poisoned { crashes, letter });
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        attempts,
+                        letter,
+                    });
                 }
                 (3, Some(w)) if w > 0 => return Ok(Claimed::KeyReused),
                 (1, Some(w)) if w > 0 => {
@@ -517,7 +522,11 @@ CREATE INDEX IF NOT EXISTS jobguard_dead_letters_reason ON jobguard_dead_letters
                         2 => Letter::Held,
                         _ => Letter::Written,
                     };
-                    return Ok(Claimed::Poisoned { crashes, letter });
+                    return Ok(Claimed::Poisoned {
+                        crashes,
+                        attempts,
+                        letter,
+                    });
                 }
                 // Free, lapsed or expired in the snapshot, but not taken over: a concurrent
                 // renewal or claim.

@@ -753,8 +753,14 @@ fn decode_refusal(reply: &Value, items: &[Value]) -> Result<Claimed, Error> {
         }),
         [Value::Int(3)] => Ok(Claimed::KeyReused),
         [Value::Int(4), why] => Err(corrupt(why)),
-        [Value::Int(5), Value::Int(crashes), Value::Int(letter)] => Ok(Claimed::Poisoned {
+        [
+            Value::Int(5),
+            Value::Int(crashes),
+            Value::Int(letter),
+            Value::Int(attempts),
+        ] => Ok(Claimed::Poisoned {
             crashes: count(crashes),
+            attempts: count(attempts),
             letter: match letter {
                 1 => Letter::Yours,
                 2 => Letter::Held,
@@ -834,10 +840,11 @@ local function num(n) return string.format('%d', n) end
 // KEYS[1]: the record, KEYS[2] (when the key has one) its steps. ARGV: the token's field, the
 // fingerprint field, lease in ms, TTL in ms, crash limit (0: none), the longer of TTL and lease
 // in ms (the claim's expiry).
-// Returns {0, generation, crashes} acquired (a fresh key), {0, generation, crashes, steps} acquired
-// with the steps hash's fields and values, {1, result} completed, {2, ms left} in progress,
-// {3} reused, {4, why} corrupt, {5, crashes, letter} poisoned (letter: 1 this claim holds the
-// letter role, 2 another claimer holds it, 0 the letter is confirmed).
+// Returns {0, generation, crashes} acquired (a fresh key, or one without a steps hash),
+// {0, generation, crashes, attempts, steps} acquired with the count of attempts and the steps
+// hash's fields and values, {1, result} completed, {2, ms left} in progress, {3} reused,
+// {4, why} corrupt, {5, crashes, letter, attempts} poisoned (letter: 1 this claim holds the
+// letter role, 2 another claimer holds it, 0 the letter is confirmed; attempts 0: not counted).
 // A poisoned key is `jg2/q<generation>:<crashes>:<ms>` while its letter is not confirmed (the
 // letter role is held until <ms>, then handed to the next claimer), `jg2/p<generation>:<crashes>`
 // once it is (and as every build before the letter role wrote it).
@@ -870,8 +877,18 @@ local function claim(generation, crashes)
   redis.call('PEXPIRE', KEYS[2], ARGV[6])
   return {0, generation, crashes, attempts, redis.call('HGETALL', KEYS[2])}
 end
+-- Poisoned: the job's steps go; its count of attempts stays, for its letter, as long as the key.
 local function poisoned()
-  if KEYS[2] then redis.call('DEL', KEYS[2]) end
+  if not KEYS[2] then return 0 end
+  local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1')
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'attempts', attempts)
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+  return attempts
+end
+local function counted()
+  if not KEYS[2] then return 0 end
+  return tonumber(redis.call('HGET', KEYS[2], 'attempts') or '0')
 end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then
@@ -910,8 +927,7 @@ if state == 'c' then
   if limit > 0 and crashes >= limit then
     redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. num(crashes) .. ':' .. lease_end, 'PX',
       ARGV[4])
-    poisoned()
-    return {5, crashes, 1}
+    return {5, crashes, 1, poisoned()}
   end
   return claim(tonumber(g) + 1, crashes)
 end
@@ -925,19 +941,18 @@ if version == '2' and state == 'q' then
   local g, c, e = string.match(v, '^(%d+):(%d+):(%d+)$', 6)
   if not g then return {4, 'a malformed record'} end
   -- No letter confirmed: the role goes to this claimer once the last holder's lease ended.
-  if tonumber(e) > now then return {5, tonumber(c), 2} end
+  if tonumber(e) > now then return {5, tonumber(c), 2, counted()} end
   redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. c .. ':' .. lease_end, 'KEEPTTL')
-  return {5, tonumber(c), 1}
+  return {5, tonumber(c), 1, counted()}
 end
 if version == '2' and (state == 'f' or state == 'p') then
   local g, c = string.match(v, '^(%d+):(%d+)$', 6)
   if not g then return {4, 'a malformed record'} end
   local crashes = tonumber(c)
-  if state == 'p' then return {5, crashes, 0} end
+  if state == 'p' then return {5, crashes, 0, counted()} end
   if limit > 0 and crashes >= limit then
     redis.call('SET', KEYS[1], 'jg2/q' .. g .. ':' .. c .. ':' .. lease_end, 'PX', ARGV[4])
-    poisoned()
-    return {5, crashes, 1}
+    return {5, crashes, 1, poisoned()}
   end
   return claim(tonumber(g) + 1, crashes)
 end
@@ -1613,16 +1628,18 @@ mod tests {
             Err(Error::Corrupt("bad".into()))
         );
         assert_eq!(
-            claimed(Array(vec![Int(5), Int(3), Int(1)])),
+            claimed(Array(vec![Int(5), Int(3), Int(1), Int(7)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
+                attempts: 7,
                 letter: Letter::Yours
             })
         );
         assert_eq!(
-            claimed(Array(vec![Int(5), Int(3), Int(0)])),
+            claimed(Array(vec![Int(5), Int(3), Int(0), Int(7)])),
             Ok(Claimed::Poisoned {
                 crashes: 3,
+                attempts: 7,
                 letter: Letter::Written
             })
         );

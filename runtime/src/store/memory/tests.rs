@@ -397,6 +397,7 @@ async fn abandoned_claims_are_counted_until_the_key_is_poisoned() {
         counted(&s, "e", 3),
         Claimed::Poisoned {
             crashes: 3,
+            attempts: 4,
             letter: Letter::Yours
         }
     );
@@ -404,6 +405,7 @@ async fn abandoned_claims_are_counted_until_the_key_is_poisoned() {
         counted(&s, "f", 3),
         Claimed::Poisoned {
             crashes: 3,
+            attempts: 4,
             letter: Letter::Held
         },
         "refused; the claim that poisoned it holds the letter role"
