@@ -578,15 +578,20 @@ impl RedisStore {
         Some(format!("{STEPS_PREFIX}{{{slot}}}:{record}"))
     }
 
-    /// A script's invocation on `key`'s record, and on its steps when it has a steps key.
-    fn invocation<'s>(script: &'s Script, key: StoreKey<'_>) -> redis::ScriptInvocation<'s> {
+    /// A script's invocation on `key`'s record, and on its steps when it has a steps key; and
+    /// whether it has one.
+    fn invocation<'s>(
+        script: &'s Script,
+        key: StoreKey<'_>,
+    ) -> (redis::ScriptInvocation<'s>, bool) {
         let record = Self::redis_key(key);
         let steps = Self::steps_key(&record);
+        let keeps_steps = steps.is_some();
         let mut call = script.key(record);
         if let Some(steps) = steps {
             call.key(steps);
         }
-        call
+        (call, keeps_steps)
     }
 
     async fn claim_counted(
@@ -595,8 +600,7 @@ impl RedisStore {
         token: &str,
         options: ClaimOptions<'_>,
     ) -> Result<Claimed, Error> {
-        let keeps_steps = Self::steps_key(&Self::redis_key(key)).is_some();
-        let mut call = Self::invocation(&CLAIM, key);
+        let (mut call, keeps_steps) = Self::invocation(&CLAIM, key);
         call.arg(Field(Some(token)).to_string())
             .arg(Field(options.fingerprint).to_string())
             .arg(millis(options.lease))
@@ -619,7 +623,7 @@ impl RedisStore {
         args: &[&[u8]],
         what: &str,
     ) -> Result<bool, Error> {
-        let mut call = Self::invocation(script, key);
+        let (mut call, _) = Self::invocation(script, key);
         call.arg(format!("{CLAIMED}{}", Field(Some(token))));
         for a in args {
             call.arg(*a);
@@ -835,6 +839,14 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function num(n) return string.format('%d', n) end
+-- One more attempt in the job's steps hash (KEYS[2]), which then expires in `ttl` ms. No count
+-- yet: only the key's first claim counted one.
+local function count_attempt(ttl)
+  local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1') + 1
+  redis.call('HSET', KEYS[2], 'attempts', attempts)
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  return attempts
+end
 "#;
 
 // KEYS[1]: the record, KEYS[2] (when the key has one) its steps. ARGV: the token's field, the
@@ -871,10 +883,8 @@ local function claim(generation, crashes)
     num(crashes) .. ':' .. lease_end, 'PX', ARGV[6])
   if not KEYS[2] then return {0, generation, crashes} end
   -- The job's steps and its count of attempts live as long as its record, and come back with
-  -- the claim. No count yet: only the key's first claim counted an attempt.
-  local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1') + 1
-  redis.call('HSET', KEYS[2], 'attempts', attempts)
-  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  -- the claim.
+  local attempts = count_attempt(ARGV[6])
   return {0, generation, crashes, attempts, redis.call('HGETALL', KEYS[2])}
 end
 -- Poisoned: the job's steps go; its count of attempts stays, for its letter, as long as the key.
@@ -1188,10 +1198,7 @@ static ATTEMPTED: LazyLock<Script> = LazyLock::new(|| {
         "{FIELD}{}",
         held!(
             r#"
-local attempts = tonumber(redis.call('HGET', KEYS[2], 'attempts') or '1') + 1
-redis.call('HSET', KEYS[2], 'attempts', attempts)
-redis.call('PEXPIRE', KEYS[2], math.max(redis.call('PTTL', KEYS[1]), 1))
-return attempts
+return count_attempt(math.max(redis.call('PTTL', KEYS[1]), 1))
 "#
         )
     ))
@@ -1226,8 +1233,10 @@ impl Store for RedisStore {
     /// `token` holds the claim.
     fn attempted<'a>(&'a self, key: StoreKey<'a>, token: &'a str) -> StoreFuture<'a, u32> {
         Box::pin(async move {
-            no_steps_key(key)?;
-            let mut call = Self::invocation(&ATTEMPTED, key);
+            let (mut call, keeps_steps) = Self::invocation(&ATTEMPTED, key);
+            if !keeps_steps {
+                return Err(no_steps(key));
+            }
             call.arg(format!("{CLAIMED}{}", Field(Some(token))));
             let attempts: i64 = self
                 .invoke(&call)
@@ -1249,7 +1258,9 @@ impl Store for RedisStore {
         value: &'a [u8],
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            no_steps_key(key)?;
+            if Self::steps_key(&Self::redis_key(key)).is_none() {
+                return Err(no_steps(key));
+            }
             let field = format!("{}:{}", step.occurrence, step.name);
             let args: [&[u8]; 2] = [field.as_bytes(), value];
             match self
@@ -1264,9 +1275,12 @@ impl Store for RedisStore {
 
     fn steps<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, Vec<StepRecord>> {
         Box::pin(async move {
-            no_steps_key(key)?;
+            let (call, keeps_steps) = Self::invocation(&STEPS, key);
+            if !keeps_steps {
+                return Err(no_steps(key));
+            }
             let reply: Value = self
-                .invoke(&Self::invocation(&STEPS, key))
+                .invoke(&call)
                 .await
                 .map_err(|e| store_error("steps failed", &e))?;
             decode_steps(&reply)
@@ -1348,7 +1362,7 @@ impl Store for RedisStore {
     fn forgive<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let reply: Value = self
-                .invoke(&Self::invocation(&FORGIVE, key))
+                .invoke(&Self::invocation(&FORGIVE, key).0)
                 .await
                 .map_err(|e| store_error("forgive failed", &e))?;
             decode_forgive(reply)
@@ -1399,15 +1413,12 @@ impl Store for RedisStore {
 }
 
 /// The refusal of a key that keeps no steps (see [`RedisStore::steps_key`]).
-fn no_steps_key(key: StoreKey<'_>) -> Result<(), Error> {
-    match RedisStore::steps_key(&RedisStore::redis_key(key)) {
-        Some(_) => Ok(()),
-        None => Err(Error::Config(format!(
-            "the key {:?} of {:?} holds a `}}` outside a Redis Cluster hash tag, so no key of its \
-             steps can share its slot: its job keeps no durable steps; key it without `}}`",
-            key.key, key.scope
-        ))),
-    }
+fn no_steps(key: StoreKey<'_>) -> Error {
+    Error::Config(format!(
+        "the key {:?} of {:?} holds a `}}` outside a Redis Cluster hash tag, so no key of its \
+         steps can share its slot: its job keeps no durable steps; key it without `}}`",
+        key.key, key.scope
+    ))
 }
 
 /// The inspect script's reply (see `INSPECT`).
