@@ -161,8 +161,9 @@ pub(crate) fn of_key(key: &str) -> Option<Arc<Journal>> {
         .flatten()
 }
 
-/// The steps of one held claim: what the claim read, what this claim recorded since, and the
-/// count of each name's calls in the run under way.
+/// What the work learns of one held claim: its steps (what the claim read, what this claim
+/// recorded since, the count of each name's calls in the run under way), the job's count of
+/// attempts in the key's record, and whether the claim was found taken over.
 pub(crate) struct Journal {
     store: Arc<dyn Store>,
     runtime: Runtime,
