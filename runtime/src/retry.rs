@@ -52,10 +52,11 @@
 //!
 //! A call looks up the runtime in scope when it starts, and decides from it whether anyone
 //! watches (an observer, a `tracing` subscriber, the `metrics` feature): a call nobody watches
-//! builds no event. The success path allocates nothing, takes no lock and reads no clock. A
-//! failure is recorded in the call's trail (one `String` per error, the last
-//! [`DeadLetter::HISTORY`]), and only a give-up allocates the dead letter and the future that
-//! sends it.
+//! builds no event. The success path allocates nothing and takes no lock, and reads no clock
+//! unless the call has a retry budget (its deposit reads one). A failure is recorded in the
+//! call's trail (one `String` per error, the last [`DeadLetter::HISTORY`]); a retry inside a
+//! job's claim allocates the future that counts it in the key's record; only a give-up
+//! allocates the dead letter and the future that sends it.
 
 use crate::attempt::{self, Delivery};
 use crate::bounds::{Describe, FromJobguard};
