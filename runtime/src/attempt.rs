@@ -153,19 +153,8 @@ impl Delivery {
 /// `None` outside a guarded call. Inside one, the attempt's number (from 1), the delivery in
 /// scope, and when the attempt started.
 pub fn attempt() -> Option<Attempt> {
-    let number = NUMBER.get();
-    if number == 0 {
-        return None;
-    }
     // Asked during the attempt's first poll: it started in this poll.
-    let started = match STARTED.get() {
-        Some(started) => started,
-        None => {
-            let now = Instant::now();
-            STARTED.set(Some(now));
-            now
-        }
-    };
+    let (number, started) = learn(|learned| *learned.started.get_or_insert_with(Instant::now))?;
     Some(Attempt {
         number,
         delivery: Delivery::current(),
@@ -174,16 +163,76 @@ pub fn attempt() -> Option<Attempt> {
     })
 }
 
+/// What the engine keeps of a running attempt between polls, and puts in scope on the polling
+/// thread while its body is polled ([`poll_in`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InBody {
+    /// The attempt's number, from 1; 0 outside an attempt.
+    pub(crate) number: u32,
+    /// What the body learned by asking, kept for its later polls: `None` until it asks.
+    pub(crate) learned: Option<Learned>,
+}
+
+impl InBody {
+    /// Outside every attempt.
+    pub(crate) const NONE: InBody = InBody::numbered(0);
+
+    /// Attempt `number`, which has learned nothing yet.
+    pub(crate) const fn numbered(number: u32) -> InBody {
+        InBody {
+            number,
+            learned: None,
+        }
+    }
+
+    /// The attempt's start, if known.
+    pub(crate) fn started(&self) -> Option<Instant> {
+        self.learned.and_then(|learned| learned.started)
+    }
+}
+
+/// What an attempt's body learns by asking: its start, its serial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Learned {
+    /// The attempt's start, once known: read when the body first asks, or given by the engine.
+    pub(crate) started: Option<Instant>,
+    /// The attempt's serial, once a durable step asked for it ([`run()`]); 0 until then.
+    pub(crate) run: u64,
+}
+
+/// Set in [`CURRENT`] beside the attempt's number when [`LEARNED`] holds what it learned.
+const HAS_LEARNED: u64 = 1 << 32;
+
 thread_local! {
-    /// The number of the attempt whose body is being polled on this thread; 0 when none is.
-    static NUMBER: Cell<u32> = const { Cell::new(0) };
-    /// That attempt's start, once known: given by the engine, or read when the body first asks.
-    static STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
-    /// That attempt's serial, once a durable step asked for it ([`run()`]); 0 until then.
-    static RUN: Cell<u64> = const { Cell::new(0) };
+    /// The attempt whose body is being polled on this thread: its number in the low 32 bits
+    /// (0 when no attempt's body is), and [`HAS_LEARNED`]. One word, because it is swapped on
+    /// every poll of every guarded call; what an attempt learned is rarely asked for, and sits
+    /// in a cell of its own.
+    static CURRENT: Cell<u64> = const { Cell::new(0) };
+    /// What that attempt learned, when [`CURRENT`] has [`HAS_LEARNED`].
+    static LEARNED: Cell<Learned> = const { Cell::new(Learned { started: None, run: 0 }) };
     /// The generation of the claim whose body is being polled on this thread; [`NO_FENCE`] when
     /// none is (or its store does not number claims).
     static FENCE: Cell<u64> = const { Cell::new(NO_FENCE) };
+}
+
+/// Lets `learn` read and add to what the attempt whose body is being polled on this thread
+/// learned; returns the attempt's number and what `learn` returned, or `None` outside an
+/// attempt.
+fn learn<R>(learn: impl FnOnce(&mut Learned) -> R) -> Option<(u32, R)> {
+    let current = CURRENT.get();
+    let number = current as u32;
+    if number == 0 {
+        return None;
+    }
+    let mut learned = match current & HAS_LEARNED {
+        0 => Learned::default(),
+        _ => LEARNED.get(),
+    };
+    let answer = learn(&mut learned);
+    LEARNED.set(learned);
+    CURRENT.set(current | HAS_LEARNED);
+    Some((number, answer))
 }
 
 /// No claim's body is being polled, or its store gave generation 0.
@@ -270,37 +319,45 @@ pub fn fence() -> Option<u64> {
     }
 }
 
-/// Polls `poll` with attempt `number` as the attempt in the body, `started` as its start (when
-/// known) and `run` as its serial (0 until asked for), and keeps in `started` and `run` what
-/// the body learned by asking. The attempt outside (a guarded call inside another) is put back
+/// Polls `poll` with `body` as the attempt in the body, and keeps in `body` what the body
+/// learned by asking. The attempt outside (a guarded call inside another) is put back
 /// afterwards, also when `poll` panics.
-pub(crate) fn poll_in<R>(
-    number: u32,
-    started: &mut Option<Instant>,
-    run: &mut u64,
-    poll: impl FnOnce() -> R,
-) -> R {
+///
+/// Marked `#[inline]`, with its `Restore`'s drop: it runs on every poll of every guarded call, in
+/// the caller's crate, where a function of this crate that is not generic is otherwise a call
+/// (`suite/benches/retry_calls.rs`: 279 instructions a `#[retry]` call without, 245 with).
+#[inline]
+pub(crate) fn poll_in<R>(body: &mut InBody, poll: impl FnOnce() -> R) -> R {
+    /// Puts the attempt outside back, and keeps what this one learned.
     struct Restore<'s> {
-        number: u32,
-        started: Option<Instant>,
-        run: u64,
-        learned: &'s mut Option<Instant>,
-        learned_run: &'s mut u64,
+        outside: u64,
+        body: &'s mut InBody,
     }
     impl Drop for Restore<'_> {
+        #[inline]
         fn drop(&mut self) {
-            NUMBER.set(self.number);
-            *self.learned = STARTED.replace(self.started);
-            *self.learned_run = RUN.replace(self.run);
+            if CURRENT.replace(self.outside) & HAS_LEARNED != 0 {
+                self.body.learned = Some(LEARNED.get());
+            }
         }
     }
-    let _restore = Restore {
-        number: NUMBER.replace(number),
-        started: STARTED.replace(*started),
-        run: RUN.replace(*run),
-        learned: started,
-        learned_run: run,
-    };
+    /// Puts back what the attempt outside learned: this poll may use its cell.
+    struct PutBack(Learned);
+    impl Drop for PutBack {
+        fn drop(&mut self) {
+            LEARNED.set(self.0);
+        }
+    }
+    let mut current = u64::from(body.number);
+    if body.learned.is_some() {
+        current |= HAS_LEARNED;
+    }
+    let outside = CURRENT.replace(current);
+    let _put_back = (outside & HAS_LEARNED != 0).then(|| PutBack(LEARNED.get()));
+    if let Some(learned) = body.learned {
+        LEARNED.set(learned);
+    }
+    let _restore = Restore { outside, body };
     poll()
 }
 
@@ -310,25 +367,20 @@ pub(crate) fn poll_in<R>(
 pub(crate) fn run() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    if NUMBER.get() == 0 {
-        return 0;
-    }
-    match RUN.get() {
-        0 => {
-            let serial = NEXT.fetch_add(1, Ordering::Relaxed);
-            RUN.set(serial);
-            serial
+    let serial = learn(|learned| {
+        if learned.run == 0 {
+            learned.run = NEXT.fetch_add(1, Ordering::Relaxed);
         }
-        serial => serial,
-    }
+        learned.run
+    });
+    serial.map_or(0, |(_, serial)| serial)
 }
 
 pin_project_lite::pin_project! {
     /// A future polled as attempt 1 of a guarded call: the body of an `#[idempotent]` job
     /// without `#[retry]`. A `#[retry]` inside numbers its own attempts.
     pub(crate) struct FirstAttempt<F> {
-        started: Option<Instant>,
-        run: u64,
+        body: InBody,
         #[pin]
         future: F,
     }
@@ -337,8 +389,7 @@ pin_project_lite::pin_project! {
 impl<F> FirstAttempt<F> {
     pub(crate) fn new(future: F) -> Self {
         FirstAttempt {
-            started: None,
-            run: 0,
+            body: InBody::numbered(1),
             future,
         }
     }
@@ -353,7 +404,7 @@ impl<F: Future> Future for FirstAttempt<F> {
     ) -> std::task::Poll<F::Output> {
         let this = self.project();
         let future = this.future;
-        poll_in(1, this.started, this.run, || future.poll(cx))
+        poll_in(this.body, || future.poll(cx))
     }
 }
 

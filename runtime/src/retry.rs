@@ -58,7 +58,7 @@
 //! job's claim allocates the future that counts it in the key's record; only a give-up
 //! allocates the dead letter and the future that sends it.
 
-use crate::attempt::{self, Delivery};
+use crate::attempt::{self, Delivery, InBody};
 use crate::bounds::{Describe, FromJobguard};
 use crate::breaker::{CircuitBreaker, Open, Permit, Reporting};
 use crate::budget::{Asking, RetryBudget, Withdrawal};
@@ -153,6 +153,8 @@ pub struct Spec<'a> {
     key: Option<&'a str>,
     sink: Option<&'a dyn DeadLetterSink>,
     payload: Option<&'a dyn Payload>,
+    /// Whether the policy sets a time limit on an attempt (a `timeout` or a `budget`).
+    timed: bool,
 }
 
 impl<'a> Spec<'a> {
@@ -173,6 +175,7 @@ impl<'a> Spec<'a> {
             key: None,
             sink: None,
             payload: None,
+            timed: policy.timeout.is_some() || policy.budget.is_some(),
         }
     }
 
@@ -193,11 +196,6 @@ impl<'a> Spec<'a> {
     pub fn payload(mut self, payload: &'a dyn Payload) -> Self {
         self.payload = Some(payload);
         self
-    }
-
-    /// Whether the policy sets a time limit on an attempt (a `timeout` or a `budget`).
-    const fn timed(&self) -> bool {
-        self.policy.timeout.is_some() || self.policy.budget.is_some()
     }
 }
 
@@ -296,18 +294,15 @@ pub struct Retry<'a, E> {
     guard: Guard<'a, E>,
     /// Whether anyone sees this call's events (see [`Retry::new`]).
     watched: bool,
-    /// The number of the attempt in the body (the attempts made so far), as
-    /// [`attempt()`](crate::attempt()) reads it.
-    number: u32,
-    /// The running attempt's start on tokio's clock, once known: asked for by the body, or
-    /// taken when the attempt first waits or fails.
-    attempt_started: Option<Instant>,
-    /// The running attempt's serial, once a durable step in its body asked for it.
-    attempt_run: u64,
+    /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it: its number (the
+    /// attempts made so far), and its start on tokio's clock once known (asked for by the body,
+    /// or taken when the attempt first waits or fails).
+    body: InBody,
     /// The first attempt's start on tokio's clock, read only when the policy has a budget.
     started: Option<Instant>,
-    /// What only a call whose attempt waited or failed needs: made then.
-    failed: Option<Failed>,
+    /// What only a call whose attempt waited or failed needs: made then, and boxed, so that a
+    /// call that succeeds at once carries and drops one pointer of it.
+    failed: Option<Box<Failed>>,
     #[cfg(feature = "tracing")]
     span: crate::observe::tracing::JobSpan,
 }
@@ -345,12 +340,11 @@ impl<'a, E> Retry<'a, E> {
     /// it is the same one), and kept for the rest of the call.
     pub fn new(spec: &'a Spec<'a>, guard: Guard<'a, E>) -> Self {
         debug_assert!(
-            guard.lift.is_some() || !spec.timed(),
+            guard.lift.is_some() || !spec.timed,
             "a policy with a time limit needs a guard that can fail the attempt: Guard::of"
         );
-        let watched = cfg!(feature = "metrics")
-            || crate::observe::tracing_listens()
-            || Current::get().observer().is_some();
+        let watched =
+            cfg!(feature = "metrics") || crate::observe::tracing_listens() || Current::observed();
         if let Some(budget) = guard.retry_budget {
             budget.deposit();
         }
@@ -358,9 +352,7 @@ impl<'a, E> Retry<'a, E> {
             spec,
             guard,
             watched,
-            number: 0,
-            attempt_started: None,
-            attempt_run: 0,
+            body: InBody::NONE,
             started: None,
             failed: None,
             #[cfg(feature = "tracing")]
@@ -370,7 +362,7 @@ impl<'a, E> Retry<'a, E> {
 
     /// The number the next attempt will have, from 1.
     pub fn next_attempt(&self) -> u32 {
-        self.number + 1
+        self.body.number + 1
     }
 
     /// One turn of the loop: runs `attempt` as the next attempt, classifies an error with
@@ -420,44 +412,49 @@ impl<'a, E> Retry<'a, E> {
 
     /// Admits the next attempt: asks the breaker (its permit goes in `permit`), counts the
     /// attempt, and sets the time limit it runs under on `timer`. `Ok` with what cuts the
-    /// attempt at its limit; `Err` with the give-up of a refusal.
-    fn admit<T>(
+    /// attempt at its limit; `Err` with the breaker's refusal.
+    fn admit(
         &mut self,
         permit: &mut Option<Permit<'a>>,
-        mut timer: Pin<&mut Option<Sleep>>,
-    ) -> Result<Origin, (Result<T, E>, Sending<'a>)> {
+        timer: Pin<&mut Option<Sleep>>,
+    ) -> Result<Origin, Open> {
         if let Some(breaker) = self.guard.breaker {
-            match breaker.acquire() {
-                Ok(granted) => *permit = Some(granted),
-                Err(open) => return Err(self.refused(open)),
-            }
+            *permit = Some(breaker.acquire()?);
         }
-        self.number += 1;
-        self.attempt_started = None;
-        self.attempt_run = 0;
+        self.body = InBody::numbered(self.body.number + 1);
         if let Some(failed) = &mut self.failed {
             failed.stamped = false;
         }
+        if self.watched {
+            self.announce_attempt();
+        }
+        match self.spec.timed {
+            true => Ok(self.arm(timer)),
+            false => Ok(Origin::Body),
+        }
+    }
+
+    /// Tells whoever watches that the attempt admitted now starts.
+    fn announce_attempt(&mut self) {
         #[cfg(feature = "tracing")]
-        if self.watched {
-            self.span
-                .record_attempt(self.spec.job, self.spec.key, self.number);
+        self.span
+            .record_attempt(self.spec.job, self.spec.key, self.body.number);
+        self.emit(&Event::Attempt {
+            job: self.spec.job,
+            key: self.spec.key,
+            attempt: self.body.number,
+        });
+    }
+
+    /// Sets the attempt's time limit on `timer`, and says what cuts the attempt there.
+    fn arm(&mut self, mut timer: Pin<&mut Option<Sleep>>) -> Origin {
+        match self.limit() {
+            Some((at, reason)) => {
+                timer.set(Some(tokio::time::sleep_until(at)));
+                reason
+            }
+            None => Origin::Body,
         }
-        if self.watched {
-            self.emit(&Event::Attempt {
-                job: self.spec.job,
-                key: self.spec.key,
-                attempt: self.number,
-            });
-        }
-        let mut cut = Origin::Body;
-        if self.spec.timed()
-            && let Some((at, reason)) = self.limit()
-        {
-            timer.set(Some(tokio::time::sleep_until(at)));
-            cut = reason;
-        }
-        Ok(cut)
     }
 
     /// The attempt's time limit, and what cuts it there: the nearer of its timeout and the
@@ -484,22 +481,20 @@ impl<'a, E> Retry<'a, E> {
             true => self.span.enter(self.spec.job, self.spec.key),
             false => None,
         };
-        attempt::poll_in(
-            self.number,
-            &mut self.attempt_started,
-            &mut self.attempt_run,
-            poll,
-        )
+        attempt::poll_in(&mut self.body, poll)
     }
 
     /// Takes the running attempt's wall-clock start, once: when it first waits or fails. That
     /// is its start to within one poll. Returns the call's failure state.
     fn stamp(&mut self) -> &mut Failed {
-        self.attempt_started.get_or_insert_with(Instant::now);
+        if self.body.started().is_none() {
+            let learned = self.body.learned.get_or_insert_default();
+            learned.started = Some(Instant::now());
+        }
         let base = self.spec.policy.base;
         let failed = self.failed.get_or_insert_with(|| {
             let now = SystemTime::now();
-            Failed {
+            Box::new(Failed {
                 runtime: Current::get(),
                 first_wall: now,
                 last_wall: now,
@@ -508,7 +503,7 @@ impl<'a, E> Retry<'a, E> {
                 rng: None,
                 trail: Trail::new(),
                 claim: self.spec.key.and_then(crate::step::of_key),
-            }
+            })
         });
         if !failed.stamped {
             failed.last_wall = SystemTime::now();
@@ -526,7 +521,7 @@ impl<'a, E> Retry<'a, E> {
             self.emit(&Event::Succeeded {
                 job: self.spec.job,
                 key: self.spec.key,
-                attempts: self.number,
+                attempts: self.body.number,
             });
         }
     }
@@ -574,7 +569,7 @@ impl<'a, E> Retry<'a, E> {
             (Some(breaker), true) => breaker.retry_in(),
             _ => Duration::ZERO,
         };
-        let attempt = self.number;
+        let attempt = self.body.number;
         let decision = decide(
             self.spec.policy,
             attempt,
@@ -628,7 +623,7 @@ impl<'a, E> Retry<'a, E> {
         self.emit(&Event::Retry {
             job: self.spec.job,
             key: self.spec.key,
-            attempt: self.number,
+            attempt: self.body.number,
             delay,
             verdict,
             error: describe(result),
@@ -695,7 +690,7 @@ impl<'a, E> Retry<'a, E> {
     /// policy's attempts (see `jobguard::apalis` for when that is exact).
     fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
         let delivery = Delivery::current();
-        let this_delivery = self.number;
+        let this_delivery = self.body.number;
         if let Some(delivery) = delivery
             && !delivery.last
             && redeliverable(reason)
@@ -934,68 +929,73 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if *this.state == State::Admit {
+            match this.retry.admit(this.permit, this.timer.as_mut()) {
+                Ok(cut) => *this.state = State::Run { cut },
+                Err(open) => {
+                    let (result, sending) = this.retry.refused(open);
+                    *this.waiting = Some(Waiting::Letter { result, sending });
+                    *this.state = State::Wait;
+                }
+            }
+        }
+        if let State::Run { cut } = *this.state {
+            let attempt = this.attempt.as_mut();
+            let polled = this.retry.poll_attempt(|| attempt.poll(cx));
+            let (result, origin) = match polled {
+                Poll::Ready(result) => (result, Origin::Body),
+                Poll::Pending => {
+                    let limit = this.timer.as_mut().as_pin_mut();
+                    if !limit.is_some_and(|limit| limit.poll(cx).is_ready()) {
+                        this.retry.stamp();
+                        return Poll::Pending;
+                    }
+                    // Only a guard made with `Guard::of` sets a time limit.
+                    let lift = this.retry.guard.lift.expect("a limit needs Guard::of");
+                    let error = match cut {
+                        Origin::Budget => Error::Budget,
+                        _ => Error::Timeout,
+                    };
+                    (Err(lift(error)), cut)
+                }
+            };
+            let verdict = match (&result, origin) {
+                (Ok(value), _) => this.on_ok.take().map_or(Verdict::Fail, |k| k(value)),
+                (Err(error), Origin::Body) => this
+                    .on_err
+                    .take()
+                    .map_or(Verdict::Fail, |c| c(error).into()),
+                // The runtime's own failures are classified by the runtime.
+                (Err(_), Origin::Timeout) => Verdict::Retry,
+                (Err(_), _) => Verdict::Fail,
+            };
+            let permit = this.permit.take();
+            if result.is_ok() && verdict == Verdict::Fail {
+                this.retry.succeeded(permit);
+                *this.state = State::Done;
+                return Poll::Ready(ControlFlow::Break(result));
+            }
+            this.timer.set(None);
+            match this.retry.book(&result, origin, verdict, permit) {
+                Some(reporting) => {
+                    *this.waiting = Some(Waiting::Report {
+                        result,
+                        origin,
+                        verdict,
+                        reporting,
+                    });
+                    *this.state = State::Wait;
+                }
+                None => {
+                    let next = this.retry.failed(result, origin, verdict);
+                    enter(next, this.state, this.timer.as_mut(), this.waiting);
+                }
+            }
+        }
+        // The attempt failed: what follows it.
         loop {
             match *this.state {
-                State::Admit => match this.retry.admit(this.permit, this.timer.as_mut()) {
-                    Ok(cut) => *this.state = State::Run { cut },
-                    Err((result, sending)) => {
-                        *this.waiting = Some(Waiting::Letter { result, sending });
-                        *this.state = State::Wait;
-                    }
-                },
-                State::Run { cut } => {
-                    let attempt = this.attempt.as_mut();
-                    let polled = this.retry.poll_attempt(|| attempt.poll(cx));
-                    let (result, origin) = match polled {
-                        Poll::Ready(result) => (result, Origin::Body),
-                        Poll::Pending => {
-                            let limit = this.timer.as_mut().as_pin_mut();
-                            if !limit.is_some_and(|limit| limit.poll(cx).is_ready()) {
-                                this.retry.stamp();
-                                return Poll::Pending;
-                            }
-                            // Only a guard made with `Guard::of` sets a time limit.
-                            let lift = this.retry.guard.lift.expect("a limit needs Guard::of");
-                            let error = match cut {
-                                Origin::Budget => Error::Budget,
-                                _ => Error::Timeout,
-                            };
-                            (Err(lift(error)), cut)
-                        }
-                    };
-                    let verdict = match (&result, origin) {
-                        (Ok(value), _) => this.on_ok.take().map_or(Verdict::Fail, |k| k(value)),
-                        (Err(error), Origin::Body) => this
-                            .on_err
-                            .take()
-                            .map_or(Verdict::Fail, |c| c(error).into()),
-                        // The runtime's own failures are classified by the runtime.
-                        (Err(_), Origin::Timeout) => Verdict::Retry,
-                        (Err(_), _) => Verdict::Fail,
-                    };
-                    let permit = this.permit.take();
-                    if result.is_ok() && verdict == Verdict::Fail {
-                        this.retry.succeeded(permit);
-                        *this.state = State::Done;
-                        return Poll::Ready(ControlFlow::Break(result));
-                    }
-                    this.timer.set(None);
-                    match this.retry.book(&result, origin, verdict, permit) {
-                        Some(reporting) => {
-                            *this.waiting = Some(Waiting::Report {
-                                result,
-                                origin,
-                                verdict,
-                                reporting,
-                            });
-                            *this.state = State::Wait;
-                        }
-                        None => {
-                            let next = this.retry.failed(result, origin, verdict);
-                            enter(next, this.state, this.timer.as_mut(), this.waiting);
-                        }
-                    }
-                }
+                State::Admit | State::Run { .. } => unreachable!("a round admits and runs once"),
                 State::Wait => {
                     let waited = match this.waiting.as_mut().expect("a waiting round") {
                         Waiting::Report { reporting, .. } => {

@@ -175,6 +175,17 @@ impl Current {
             .unwrap_or_else(|_| outside())
     }
 
+    /// Whether the runtime a job started here would use has an observer: what [`Current::get`]
+    /// would tell, without taking a handle on the runtime.
+    pub(crate) fn observed() -> bool {
+        if IN_SCOPE.get()
+            && let Ok(observed) = SCOPED.try_with(|scoped| scoped.observer().is_some())
+        {
+            return observed;
+        }
+        INSTALLED.get().unwrap_or(&EMBEDDED).observer().is_some()
+    }
+
     /// An owned handle on the runtime.
     pub(crate) fn to_owned(&self) -> Runtime {
         Runtime::clone(self)
