@@ -413,6 +413,11 @@ impl<'a, E> Retry<'a, E> {
     /// Admits the next attempt: asks the breaker (its permit goes in `permit`), counts the
     /// attempt, and sets the time limit it runs under on `timer`. `Ok` with what cuts the
     /// attempt at its limit; `Err` with the breaker's refusal.
+    ///
+    /// Inlined into the round's `poll`, which LLVM does not choose for it: the success path's
+    /// floor (2× tokio-retry) is not held without (`suite/benches/retry_calls.rs`: 233
+    /// instructions a `#[retry]` call as a call of its own, 203 inlined).
+    #[inline(always)]
     fn admit(
         &mut self,
         permit: &mut Option<Permit<'a>>,

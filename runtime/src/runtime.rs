@@ -183,7 +183,10 @@ impl Current {
         {
             return observed;
         }
-        INSTALLED.get().unwrap_or(&EMBEDDED).observer().is_some()
+        // The embedded runtime has no observer.
+        INSTALLED
+            .get()
+            .is_some_and(|installed| installed.observer().is_some())
     }
 
     /// An owned handle on the runtime.
