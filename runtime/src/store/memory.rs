@@ -106,6 +106,11 @@ const RECORD_OVERHEAD: usize =
 /// record's steps, and the allocator's header and rounding on its two allocations.
 const STEP_OVERHEAD: usize = size_of::<StepRecord>() + 2 * 16;
 
+/// What a step named `name` recording `value` counts against the bound.
+fn step_bytes(name: &str, value: &[u8]) -> usize {
+    STEP_OVERHEAD + name.len() + value.len()
+}
+
 /// Entries at the front of each order that an operation filing a record looks at.
 const UPKEEP: usize = 2;
 /// Records one operation gives up at most to make room.
@@ -807,13 +812,16 @@ impl Shard {
             false => (1, Vec::new()),
         };
         let fresh = fresh()?;
-        let kept = steps.clone();
         self.refile(op, |r| {
             *r = Record {
                 generation,
                 crashes,
                 attempts,
-                steps: kept,
+                steps: if live {
+                    std::mem::take(&mut r.steps)
+                } else {
+                    Vec::new()
+                },
                 ..fresh
             }
         });
@@ -919,7 +927,7 @@ impl Shard {
                 kept.value = value.to_vec();
             }
             None => {
-                self.bytes += STEP_OVERHEAD + step.name.len() + value.len();
+                self.bytes += step_bytes(step.name, value);
                 let new = StepRecord::new(step.name, step.occurrence, value.to_vec());
                 record.steps.push(new);
             }
@@ -1359,10 +1367,7 @@ impl Record {
 
     /// What the record counts against the bound (see the [module docs](self#how-it-counts-bytes)).
     fn bytes(&self) -> usize {
-        let steps = self
-            .steps
-            .iter()
-            .map(|s| STEP_OVERHEAD + s.name.len() + s.value.len());
+        let steps = self.steps.iter().map(|s| step_bytes(&s.name, &s.value));
         RECORD_OVERHEAD + self.data.len() + steps.sum::<usize>()
     }
 

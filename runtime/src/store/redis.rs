@@ -623,7 +623,19 @@ impl RedisStore {
         args: &[&[u8]],
         what: &str,
     ) -> Result<bool, Error> {
-        let (mut call, _) = Self::invocation(script, key);
+        let (call, _) = Self::invocation(script, key);
+        self.held(call, token, args, what).await
+    }
+
+    /// Runs `call`, a script that acts while `token` holds the claim, with `args` after the
+    /// token: whether it held.
+    async fn held(
+        &self,
+        mut call: redis::ScriptInvocation<'_>,
+        token: &str,
+        args: &[&[u8]],
+        what: &str,
+    ) -> Result<bool, Error> {
         call.arg(format!("{CLAIMED}{}", Field(Some(token))));
         for a in args {
             call.arg(*a);
@@ -718,11 +730,9 @@ fn corrupt(why: &Value) -> Error {
 /// [`RedisStore::steps_key`]); without one, an acquired claim has no steps and no count of
 /// attempts.
 fn decode_claim(reply: Value, keeps_steps: bool) -> Result<Claimed, Error> {
-    let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
     let Value::Array(items) = &reply else {
-        return Err(unexpected(&reply));
+        return Err(unexpected_claim_reply(&reply));
     };
-    let count = |n: &i64| u32::try_from(*n).unwrap_or(u32::MAX);
     let acquired = |generation: &i64, crashes: &i64, attempts, steps| Claimed::Acquired {
         generation: u64::try_from(*generation).unwrap_or(0),
         crashes: count(crashes),
@@ -748,8 +758,6 @@ fn decode_claim(reply: Value, keeps_steps: bool) -> Result<Claimed, Error> {
 
 /// The claim script's reply when the claim was not acquired.
 fn decode_refusal(reply: &Value, items: &[Value]) -> Result<Claimed, Error> {
-    let unexpected = |r: &Value| Error::Store(format!("unexpected reply to claim: {r:?}"));
-    let count = |n: &i64| u32::try_from(*n).unwrap_or(u32::MAX);
     match items {
         [Value::Int(1), Value::BulkString(record)] => Ok(Claimed::Completed(record.clone())),
         [Value::Int(2), Value::Int(ms)] => Ok(Claimed::InProgress {
@@ -771,8 +779,18 @@ fn decode_refusal(reply: &Value, items: &[Value]) -> Result<Claimed, Error> {
                 _ => Letter::Written,
             },
         }),
-        _ => Err(unexpected(reply)),
+        _ => Err(unexpected_claim_reply(reply)),
     }
+}
+
+/// A reply the claim script never gives.
+fn unexpected_claim_reply(reply: &Value) -> Error {
+    Error::Store(format!("unexpected reply to claim: {reply:?}"))
+}
+
+/// A count in a script's reply, saturated into a `u32`.
+fn count(n: &i64) -> u32 {
+    u32::try_from(*n).unwrap_or(u32::MAX)
 }
 
 /// A steps hash as `HGETALL` gives it: fields `<occurrence>:<name>`, each followed by its
@@ -1258,15 +1276,13 @@ impl Store for RedisStore {
         value: &'a [u8],
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            if Self::steps_key(&Self::redis_key(key)).is_none() {
+            let (call, keeps_steps) = Self::invocation(&RECORD_STEP, key);
+            if !keeps_steps {
                 return Err(no_steps(key));
             }
             let field = format!("{}:{}", step.occurrence, step.name);
             let args: [&[u8]; 2] = [field.as_bytes(), value];
-            match self
-                .if_held(&RECORD_STEP, key, token, &args, "record step failed")
-                .await?
-            {
+            match self.held(call, token, &args, "record step failed").await? {
                 true => Ok(()),
                 false => Err(Error::LeaseLost),
             }
@@ -1383,16 +1399,14 @@ impl Store for RedisStore {
     /// `DEL` of the key's record, whatever its state, and of its steps.
     fn forget<'a>(&'a self, key: StoreKey<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
+            // One round trip: the steps share the record's slot.
             let record = Self::redis_key(key);
+            let mut pipe = redis::pipe();
             if let Some(steps) = Self::steps_key(&record) {
-                let _: u64 = redis::cmd("DEL")
-                    .arg(steps)
-                    .query_async(&mut self.connection.clone())
-                    .await
-                    .map_err(|e| store_error("forget failed", &e))?;
+                pipe.del(steps).ignore();
             }
-            let removed: u64 = redis::cmd("DEL")
-                .arg(record)
+            let (removed,): (u64,) = pipe
+                .del(record)
                 .query_async(&mut self.connection.clone())
                 .await
                 .map_err(|e| store_error("forget failed", &e))?;
