@@ -151,12 +151,13 @@ pub(crate) fn scope<F: Future>(journal: Arc<Journal>, fut: F) -> impl Future<Out
     JOURNAL.scope(journal, fut)
 }
 
-/// The journal of the job whose claim the running task holds, when its key is `key`: the
-/// retry engine of that job's own body counts its attempts in it. A `#[retry]` on a step, or
-/// on another call inside the job, has another key (or none) and counts nothing here.
-pub(crate) fn of_key(key: &str) -> Option<Arc<Journal>> {
+/// The journal of the job whose claim the running task holds, when that job is `job` and its
+/// key `key`: the retry engine of that job's own body counts its attempts in it. A `#[retry]`
+/// on a step, or on another call inside the job, is another job (or has another key, or none)
+/// and counts nothing here.
+pub(crate) fn of_job(job: &str, key: &str) -> Option<Arc<Journal>> {
     JOURNAL
-        .try_with(|journal| (journal.key == key).then(|| journal.clone()))
+        .try_with(|journal| (journal.job == job && journal.key == key).then(|| journal.clone()))
         .ok()
         .flatten()
 }
@@ -182,8 +183,8 @@ pub(crate) struct Journal {
 }
 
 struct Book {
-    /// The recorded values by name, then occurrence; `None` until read from the store (a store
-    /// that does not read them with the claim).
+    /// The recorded values by name, then occurrence, as the claim read them; `None` when the
+    /// store keeps no steps for the key.
     recorded: Option<HashMap<String, HashMap<u32, Vec<u8>>>>,
     /// The run ([`crate::attempt::run`]) the counts belong to.
     run: u64,
@@ -195,7 +196,7 @@ struct Book {
 
 impl Journal {
     /// The journal of the claim `token` holds on `key`, with the steps its claim read (`None`:
-    /// read at the first step).
+    /// the store keeps none for the key, and a step fails before it runs).
     pub(crate) fn new(
         store: Arc<dyn Store>,
         runtime: Runtime,
@@ -262,7 +263,8 @@ impl Journal {
             }
             Err(e) => {
                 log_error(format_args!(
-                    "jobguard: the attempts of job {} with key {} could not be counted ({e});                      its dead letter, if any, infers them from the deliveries",
+                    "jobguard: the attempts of job {} with key {} could not be counted ({e}); \
+                     its dead letter, if any, infers them from the deliveries",
                     self.job, self.key
                 ));
                 0
@@ -292,7 +294,7 @@ impl Journal {
         }
         let occurrence = self.count(name);
         let step = StepKey { name, occurrence };
-        if let Some(value) = self.replay::<T>(step).await.map_err(E::from)? {
+        if let Some(value) = self.replay::<T>(step).map_err(E::from)? {
             self.runtime.emit(&Event::StepReplayed {
                 scope: &self.job,
                 key: &self.key,
@@ -326,27 +328,20 @@ impl Journal {
         *count
     }
 
-    /// The value recorded for `step`, decoded; `None` when it was not recorded. Reads the
-    /// job's steps from the store first if the claim did not.
-    async fn replay<T: Recordable>(&self, step: StepKey<'_>) -> Result<Option<T>, Error> {
-        if self.book().recorded.is_none() {
-            let read = self.store.steps(self.key()).await.map_err(|e| {
-                let e = e.at_key(&self.scope, &self.key);
-                log_error(format_args!(
-                    "jobguard: the steps of job {} with key {} could not be read ({e}); step {} \
-                     does not run",
-                    self.job, self.key, step.name
-                ));
-                e
-            })?;
-            let mut book = self.book();
-            if book.recorded.is_none() {
-                book.recorded = Some(by_name(read));
-            }
-        }
+    /// The value recorded for `step`, decoded; `None` when it was not recorded.
+    fn replay<T: Recordable>(&self, step: StepKey<'_>) -> Result<Option<T>, Error> {
         let book = self.book();
-        let recorded = book.recorded.as_ref().and_then(|r| r.get(step.name));
-        let Some(bytes) = recorded.and_then(|r| r.get(&step.occurrence)) else {
+        let Some(recorded) = &book.recorded else {
+            return Err(Error::Config(format!(
+                "the store keeps no durable steps for key {:?} of {:?} (see the store's docs); \
+                 step {:?} of job {} does not run",
+                self.key, self.scope, step.name, self.job
+            )));
+        };
+        let Some(bytes) = recorded
+            .get(step.name)
+            .and_then(|r| r.get(&step.occurrence))
+        else {
             return Ok(None);
         };
         decode::<T>(bytes).map(Some).map_err(|error| match error {
