@@ -239,8 +239,8 @@ fn learn<R>(learn: impl FnOnce(&mut Learned) -> R) -> Option<(u32, R)> {
 const NO_FENCE: u64 = 0;
 
 /// The fencing token of the idempotent call whose body is running: the generation of the claim
-/// it holds. `None` outside an idempotent call, and under a store that does not number its
-/// claims (a [`Store`](crate::Store) that implements only `claim`).
+/// it holds. `None` outside an idempotent call, and under a store that gives its claims
+/// generation 0 (does not number them).
 ///
 /// Every claim of a key gets a generation one larger than the claim before it, and a claim that
 /// takes over an abandoned one (its lease lapsed) is a new claim. So the generation orders the
@@ -325,7 +325,8 @@ pub fn fence() -> Option<u64> {
 ///
 /// Marked `#[inline]`, with its `Restore`'s drop: it runs on every poll of every guarded call, in
 /// the caller's crate, where a function of this crate that is not generic is otherwise a call
-/// (`suite/benches/retry_calls.rs`: 279 instructions a `#[retry]` call without, 245 with).
+/// (`suite/benches/retry_calls.rs` at 2d3b789: 279 instructions a `#[retry]` call without, 245
+/// with).
 #[inline]
 pub(crate) fn poll_in<R>(body: &mut InBody, poll: impl FnOnce() -> R) -> R {
     /// Puts the attempt outside back, and keeps what this one learned.

@@ -4,8 +4,9 @@
 //!
 //! - [`decide`]: the policy as a plain function. After a failed attempt, retry after how long,
 //!   or give up why. No clock, no runtime, no I/O; unit-tested below.
-//! - [`Retry`]: what one call keeps from one attempt to the next (the attempt count, the runtime
-//!   it started under, what its dead letter will need). Made when the call starts.
+//! - [`Retry`]: what one call keeps from one attempt to the next (the attempt count, whether
+//!   anyone watches, and once an attempt waits or fails, the runtime in scope and what its
+//!   dead letter will need). Made when the call starts.
 //! - [`Round`]: one turn of the loop, a future. It admits an attempt, runs it, and then accepts
 //!   its outcome, sleeps before the next attempt, or gives up. It resolves to
 //!   `ControlFlow::Break(result)` when the call is over and `ControlFlow::Continue(())` when the
@@ -50,13 +51,16 @@
 //!
 //! # What a call costs
 //!
-//! A call looks up the runtime in scope when it starts, and decides from it whether anyone
-//! watches (an observer, a `tracing` subscriber, the `metrics` feature): a call nobody watches
-//! builds no event. The success path allocates nothing and takes no lock, and reads no clock
-//! unless the call has a retry budget (its deposit reads one). A failure is recorded in the
-//! call's trail (one `String` per error, the last [`DeadLetter::HISTORY`]); a retry inside a
-//! job's claim allocates the future that counts it in the key's record; only a give-up
-//! allocates the dead letter and the future that sends it.
+//! A call decides when it starts whether anyone watches (the observer of the runtime in scope,
+//! a `tracing` subscriber, the `metrics` feature): a call nobody watches builds no event. An
+//! attempt that succeeds on its first poll allocates nothing and takes no lock, and reads the
+//! clock only for a time limit (`timeout`, `budget`) or a retry budget's deposit. An attempt
+//! that waits or fails reads the clock for its start and, the first time in a call, allocates
+//! the call's failure state (the runtime is looked up then). A failure is recorded in the
+//! call's trail (one `String` per error, the last [`DeadLetter::HISTORY`]); a shared breaker's
+//! report and a shared budget's ask each allocate the future of their round trip, and so does
+//! a retry's count in the key's record inside a job's claim; only a give-up allocates the dead
+//! letter and the future that sends it.
 
 use crate::attempt::{self, Delivery, InBody};
 use crate::bounds::{Describe, FromJobguard};
@@ -295,8 +299,8 @@ pub struct Retry<'a, E> {
     /// Whether anyone sees this call's events (see [`Retry::new`]).
     watched: bool,
     /// The attempt in the body, as [`attempt()`](crate::attempt()) reads it: its number (the
-    /// attempts made so far), and its start on tokio's clock once known (asked for by the body,
-    /// or taken when the attempt first waits or fails).
+    /// attempts made so far), and what it learned (its start on tokio's clock, asked for by the
+    /// body or taken when the attempt first waits or fails; a durable step's run).
     body: InBody,
     /// The first attempt's start on tokio's clock, read only when the policy has a budget.
     started: Option<Instant>,
@@ -507,7 +511,7 @@ impl<'a, E> Retry<'a, E> {
                 previous_delay: base,
                 rng: None,
                 trail: Trail::new(),
-                claim: self.spec.key.and_then(crate::step::of_key),
+                claim: (self.spec.key).and_then(|key| crate::step::of_job(self.spec.job, key)),
             })
         });
         if !failed.stamped {
@@ -587,11 +591,8 @@ impl<'a, E> Retry<'a, E> {
         match decision {
             Decision::RetryAfter(delay) => match self.guard.retry_budget.map(RetryBudget::withdraw)
             {
-                None | Some(Withdrawal::Granted) => {
-                    self.retrying(delay, verdict, &result);
-                    Next::RetryAfter(delay)
-                }
-                Some(Withdrawal::Refused) => self.out_of_budget(result),
+                None | Some(Withdrawal::Granted) => self.granted(true, delay, verdict, result),
+                Some(Withdrawal::Refused) => self.granted(false, delay, verdict, result),
                 Some(Withdrawal::Asking(asking)) => Next::Ask {
                     result,
                     delay,
@@ -618,12 +619,23 @@ impl<'a, E> Retry<'a, E> {
         }
     }
 
-    /// The retry after `delay` goes ahead: the delay is kept for decorrelated jitter, and the
-    /// retry announced.
-    fn retrying<T>(&mut self, delay: Duration, verdict: Verdict, result: &Result<T, E>)
+    /// The retry budget's answer to the retry after `delay` (granted when the call has none).
+    /// Granted, the delay is kept for decorrelated jitter and the retry announced; refused, the
+    /// call ends with the attempt's result, and the job gives up as [`GiveUp::RetryBudget`].
+    fn granted<T>(
+        &mut self,
+        granted: bool,
+        delay: Duration,
+        verdict: Verdict,
+        result: Result<T, E>,
+    ) -> Next<'a, T, E>
     where
         E: Describe,
     {
+        if !granted {
+            let sending = self.give_up(GiveUp::RetryBudget, describe(&result).to_string());
+            return Next::GiveUp(result, sending);
+        }
         self.stamp().previous_delay = delay;
         self.emit(&Event::Retry {
             job: self.spec.job,
@@ -631,24 +643,15 @@ impl<'a, E> Retry<'a, E> {
             attempt: self.body.number,
             delay,
             verdict,
-            error: describe(result),
+            error: describe(&result),
         });
-    }
-
-    /// The retry budget refused the retry: the call ends with the attempt's result, and the job
-    /// gives up as [`GiveUp::RetryBudget`].
-    fn out_of_budget<T>(&mut self, result: Result<T, E>) -> Next<'a, T, E>
-    where
-        E: Describe,
-    {
-        let sending = self.give_up(GiveUp::RetryBudget, describe(&result).to_string());
-        Next::GiveUp(result, sending)
+        Next::RetryAfter(delay)
     }
 
     /// The breaker refused the next attempt: no attempt is made or counted, and the call gives
     /// up (a retry would only be refused again: [`decide`] gives up when the breaker is open
     /// past the next delay, and here it is open now).
-    fn refused<T>(&mut self, open: Open) -> (Result<T, E>, Sending<'a>) {
+    fn refused<T>(&mut self, open: Open) -> (Result<T, E>, Errand<'a>) {
         let refused = Error::CircuitOpen {
             retry_in: open.retry_in,
         };
@@ -662,7 +665,7 @@ impl<'a, E> Retry<'a, E> {
     }
 
     /// The count of the next attempt in the job's claim, when the call runs inside one.
-    fn count_next(&self) -> Option<Sending<'a>> {
+    fn count_next(&self) -> Option<Errand<'a>> {
         let claim = self.failed.as_ref()?.claim.clone()?;
         Some(Box::pin(async move { claim.attempted().await }))
     }
@@ -693,7 +696,7 @@ impl<'a, E> Retry<'a, E> {
     /// handed back to the runner, which delivers the job again. The letter of the last delivery
     /// counts the attempts of every delivery, taking each earlier one to have made all of the
     /// policy's attempts (see `jobguard::apalis` for when that is exact).
-    fn give_up(&mut self, reason: GiveUp, error: String) -> Sending<'a> {
+    fn give_up(&mut self, reason: GiveUp, error: String) -> Errand<'a> {
         let delivery = Delivery::current();
         let this_delivery = self.body.number;
         if let Some(delivery) = delivery
@@ -715,15 +718,15 @@ impl<'a, E> Retry<'a, E> {
         if crate::dead_letter::redriven(self.spec.job, self.spec.key) {
             return Box::pin(std::future::ready(()));
         }
+        let claim = self.failed.as_ref().and_then(|f| f.claim.as_deref());
         // The job's claim was taken over while this call ran (a worker paused past its lease):
         // the job is the other worker's, which settles it; this one writes no letter.
-        let claim = self.failed.as_ref().and_then(|f| f.claim.clone());
-        if claim.as_ref().is_some_and(|claim| claim.lost()) {
+        if claim.is_some_and(Journal::lost) {
             return Box::pin(std::future::ready(()));
         }
         // The count in the key's record when the job holds a claim (every attempt of every
         // delivery, crashed ones too); else inferred from the delivery's number.
-        let counted = claim.and_then(|claim| claim.attempts());
+        let counted = claim.and_then(Journal::attempts);
         let attempts = counted.unwrap_or_else(|| {
             delivery.map_or(this_delivery, |d| {
                 (d.number.saturating_sub(1))
@@ -785,14 +788,15 @@ const fn redeliverable(reason: GiveUp) -> bool {
     )
 }
 
-/// The dead letter on its way to the sink.
-type Sending<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+/// A round trip the round awaits for its effect, not an answer: the dead letter on its way to
+/// the sink, or the next attempt's count in the key's record.
+type Errand<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// What follows a failed outcome, as [`Retry::failed`] decides it.
 enum Next<'a, T, E> {
     RetryAfter(Duration),
     /// Give up, returning this result once the letter is on its way.
-    GiveUp(Result<T, E>, Sending<'a>),
+    GiveUp(Result<T, E>, Errand<'a>),
     /// Retry after `delay` if the shared retry budget grants it, else give up with `result`.
     Ask {
         result: Result<T, E>,
@@ -850,8 +854,8 @@ enum State {
     /// The attempt runs; the timer, when set, cuts it for the reason `cut` gives (its timeout
     /// or the budget's end).
     Run { cut: Origin },
-    /// The attempt failed, and the round waits on what `waiting` says: the fleet's answer, or
-    /// the dead letter on its way.
+    /// The round waits on what `waiting` says: the fleet's answer, the dead letter on its way,
+    /// or the next attempt's count.
     Wait,
     /// The attempt failed; the next one starts when the timer fires (at once without one).
     Sleep,
@@ -880,11 +884,11 @@ enum Waiting<'a, T, E> {
     /// The call gave up: the dead letter is on its way, and the result is returned after it.
     Letter {
         result: Result<T, E>,
-        sending: Sending<'a>,
+        sending: Errand<'a>,
     },
     /// The delay is over, and the next attempt is counted in the job's claim (one round trip)
     /// before it starts.
-    Count { counting: Sending<'a> },
+    Count { counting: Errand<'a> },
 }
 
 /// Enters the state that `next` says follows a failed outcome.
@@ -1024,13 +1028,7 @@ where
                             delay,
                             verdict,
                             ..
-                        } => match granted {
-                            true => {
-                                this.retry.retrying(delay, verdict, &result);
-                                Next::RetryAfter(delay)
-                            }
-                            false => this.retry.out_of_budget(result),
-                        },
+                        } => this.retry.granted(granted, delay, verdict, result),
                         Waiting::Letter { result, .. } => {
                             *this.state = State::Done;
                             return Poll::Ready(ControlFlow::Break(result));
