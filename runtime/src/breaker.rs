@@ -383,7 +383,8 @@ impl CircuitBreaker {
     /// The current state.
     ///
     /// An open breaker whose cooldown has ended turns half-open here (raising the event), so the
-    /// state read and the events seen agree.
+    /// state read and the events seen agree; a [shared](crate::fleet) one stays open until the
+    /// fleet grants this process the probe.
     ///
     /// ```
     /// use jobguard::{BreakerState, CircuitBreaker};
@@ -662,14 +663,17 @@ impl CircuitBreaker {
         }
     }
 
-    fn closed_failure(&self, epoch: u32) {
+    /// Notes a failure of a call admitted while closed in `epoch`: in a failure-rate breaker's
+    /// window. `false` when the call was admitted before the breaker last changed state, and
+    /// the failure counts for nothing.
+    fn note_failure(&self, epoch: u32) -> bool {
         if !self.admitted_in(epoch) {
-            return; // admitted before the breaker last changed state
+            return false;
         }
         if let Mode::Rate { window, .. } = self.mode {
             self.record(true, window);
         }
-        self.count_failure(epoch);
+        true
     }
 
     /// Counts a failure already in the window (a failure-rate breaker's), or not yet counted (a
@@ -731,12 +735,6 @@ impl CircuitBreaker {
     /// The fleet decides, when the breaker is shared and Redis is in reach.
     fn shared(&self) -> Option<&std::sync::Arc<dyn Link>> {
         self.link.get().filter(|link| link.attached())
-    }
-
-    /// The state as the word holds it, with no lazy transition.
-    #[cfg(feature = "redis")]
-    pub(crate) fn local_state(&self) -> BreakerState {
-        state_of(self.word.load(Ordering::Acquire))
     }
 
     /// When a shared breaker's listener should ask the fleet for the probe: the cooldown left,
@@ -907,26 +905,22 @@ impl Permit<'_> {
     /// [`failure`](Self::failure), as the retry engine reports it: `Some` when the fleet hears
     /// of it, and the call should wait for its answer (one round trip).
     pub(crate) fn fail(mut self) -> Option<Reporting> {
-        let probe = std::mem::take(&mut self.probe);
-        let breaker = self.breaker;
-        let Some(link) = breaker.shared() else {
-            match probe {
-                true => breaker.settle_probe(self.epoch, OPEN),
-                false => breaker.closed_failure(self.epoch),
-            }
+        let (breaker, epoch) = (self.breaker, self.epoch);
+        let link = breaker.shared();
+        if std::mem::take(&mut self.probe) {
+            breaker.settle_probe(epoch, OPEN);
+            return link.map(|link| link.clone().settled(false));
+        }
+        if !breaker.note_failure(epoch) {
             return None;
-        };
-        if probe {
-            breaker.settle_probe(self.epoch, OPEN);
-            return Some(link.clone().settled(false));
         }
-        if !breaker.admitted_in(self.epoch) {
-            return None; // admitted before the breaker last changed state
+        match link {
+            Some(link) => Some(link.clone().failed(epoch)),
+            None => {
+                breaker.count_failure(epoch);
+                None
+            }
         }
-        if let Mode::Rate { window, .. } = breaker.mode {
-            breaker.record(true, window);
-        }
-        Some(link.clone().failed(self.epoch))
     }
 }
 

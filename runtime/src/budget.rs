@@ -197,6 +197,12 @@ impl RetryBudget {
         self.window
     }
 
+    /// One slot's length: a tenth of the window.
+    #[cfg(feature = "redis")]
+    pub(crate) const fn slot(&self) -> Duration {
+        Duration::from_nanos(self.slot)
+    }
+
     /// The retries one call earns (`retry_ratio`, to a thousandth).
     pub fn retry_ratio(&self) -> f32 {
         self.deposit as f32 / WITHDRAWAL as f32

@@ -96,7 +96,7 @@
 //! Every process that shares a name must share it with the same settings (threshold or ratio,
 //! window, cooldown); the scripts use the settings of the process that runs them.
 
-use crate::breaker::{self, CircuitBreaker, Fleet, Reporting, Rule};
+use crate::breaker::{self, CircuitBreaker, Fleet, Link as _, Reporting, Rule};
 use crate::budget::{self, Asking, RetryBudget};
 use crate::observe::Event;
 use crate::store::redis::RedisStore;
@@ -307,7 +307,9 @@ impl breaker::Link for BreakerLink {
     }
 
     fn succeeded(&self) {
-        if !self.success.swap(true, Ordering::AcqRel) {
+        // Read first: while a success is already waiting to be reported, every other success
+        // leaves the shared cache line alone.
+        if !self.success.load(Ordering::Relaxed) && !self.success.swap(true, Ordering::AcqRel) {
             self.wake.notify_one();
         }
     }
@@ -427,10 +429,7 @@ impl BreakerLink {
                 )));
             }
         };
-        let open_for = match self.breaker.local_state() {
-            crate::BreakerState::Open => self.breaker.retry_in(),
-            _ => Duration::ZERO,
-        };
+        let open_for = self.breaker.retry_in();
         let mut call = SYNC.key(&self.key);
         self.common(&mut call);
         call.arg(self.epoch.load(Ordering::Acquire))
@@ -511,10 +510,6 @@ impl BreakerLink {
             Err(e) => self.lost(&e),
         }
     }
-
-    fn attached(&self) -> bool {
-        self.attached.load(Ordering::Acquire)
-    }
 }
 
 /// The next message of the subscription; `None` once it closed.
@@ -564,7 +559,7 @@ impl BudgetLink {
     /// reached the deposits go back to the local slots.
     async fn hand_over(&self, amount: i64) -> Result<bool, Error> {
         let deposits = self.budget.take_local();
-        let slot = self.budget.window().as_millis() as u64 / budget::SLOTS;
+        let slot = self.budget.slot().as_millis() as u64;
         let mut call = WITHDRAW.key(&self.key);
         call.arg(deposits)
             .arg(slot.max(1))
@@ -591,10 +586,10 @@ impl BudgetLink {
     }
 
     /// The task of a shared budget: hands over the deposits once a slot, which also finds
-    /// Redis again after a loss.
+    /// Redis again after a loss. The first hand-over is a slot after the one `share` made.
     async fn flush_every_slot(self: Arc<Self>) {
-        let slot = self.budget.window() / budget::SLOTS as u32;
-        let mut ticks = tokio::time::interval(slot);
+        let slot = self.budget.slot();
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + slot, slot);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
