@@ -16,8 +16,8 @@
 //! binary); claims racing for the same keys, and [`Idempotent`] deliveries racing; generations
 //! that only grow and a release that keeps them; abandoned claims taken over and counted until
 //! the key is poisoned and refused for its TTL, with its dead letter's role handed out until
-//! [`Store::lettered`]; `forgive` and `lookup`; and, for a store that implements them, `inspect`
-//! and `forget`, and a job's durable steps (recorded only by the claim's holder, read back with
+//! [`Store::lettered`]; `forgive`, `lookup`, `inspect` and `forget`; a job's count of attempts;
+//! and its durable steps (recorded only by the claim's holder, read back with
 //! the next claim, gone with the job's completion, `forgive`, `forget` and its TTL).
 //!
 //! They run on the real clock, since a server keeps its leases on its own: where a lease must

@@ -20,6 +20,7 @@
 mod brokers;
 
 use brokers::apalis_postgres::{migrate, push, status, tasks};
+use brokers::crash::jobs;
 use brokers::{ATTEMPTS, Behaviour, Job, Kind, Setup, Workers, count, deliveries, numbered};
 use jobguard::GiveUp;
 use jobguard_testkit::broker::unique_name;
@@ -47,17 +48,6 @@ async fn setup(what: &str, max_attempts: u32) -> Option<(Setup, PgPool, PgServer
         redis: redis.url(),
     };
     Some((setup, pool, postgres, redis))
-}
-
-fn jobs(ids: std::ops::Range<u32>, odd: Option<(u32, Behaviour)>) -> Vec<Job> {
-    ids.map(|id| Job {
-        id,
-        behaviour: match odd {
-            Some((odd, behaviour)) if odd == id => behaviour,
-            _ => Behaviour::Effect,
-        },
-    })
-    .collect()
 }
 
 /// Whether every task of the queue has the status `expected` gives its job.

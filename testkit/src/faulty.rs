@@ -13,11 +13,12 @@ use tokio::sync::Notify;
 pub struct Faulty {
     /// The store the operations go to when they do not fail.
     pub inner: MemoryStore,
-    /// Claims fail with `Error::Store`, as an unreachable store's do.
+    /// Claims, forgiving and counting attempts fail with `Error::Store`, as an unreachable
+    /// store's do.
     pub down: Arc<AtomicBool>,
     /// The next this many completions fail with `Error::Store`.
     pub complete_fails: Arc<AtomicU32>,
-    /// Renewals and completions find the lease lost.
+    /// Renewals, completions and recorded steps find the lease lost.
     pub lose_lease: Arc<AtomicBool>,
     /// Releases take a second (on tokio's clock), as a store across a slow network's would.
     pub slow_release: Arc<AtomicBool>,

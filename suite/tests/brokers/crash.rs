@@ -60,7 +60,8 @@ fn setup<Q: TestQueue>(what: &str, deliveries: u32) -> Option<(Setup, RedisServe
     Some((setup, redis))
 }
 
-fn jobs(ids: std::ops::Range<u32>, odd: Option<(u32, Behaviour)>) -> Vec<Job> {
+/// Jobs `ids`, each with the effect once, but for `odd`'s, which behaves as it says.
+pub fn jobs(ids: std::ops::Range<u32>, odd: Option<(u32, Behaviour)>) -> Vec<Job> {
     ids.map(|id| Job {
         id,
         behaviour: match odd {

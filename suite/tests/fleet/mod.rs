@@ -51,8 +51,10 @@ pub static BREAKER: CircuitBreaker =
 
 /// The retry budget: one retry per ten calls, plus one a second over 10 s.
 pub const RATIO: f64 = 0.1;
-pub const FLOOR: u64 = 10;
-pub static BUDGET: RetryBudget = RetryBudget::new(0.1, 1, Duration::from_secs(10));
+const PER_SECOND: u32 = 1;
+const WINDOW: Duration = Duration::from_secs(10);
+pub const FLOOR: u64 = PER_SECOND as u64 * WINDOW.as_secs();
+pub static BUDGET: RetryBudget = RetryBudget::new(RATIO as f32, PER_SECOND, WINDOW);
 
 /// The gateway's one script: counts the call, and fails it as `mode` says.
 const CALL: &str = r#"

@@ -46,8 +46,6 @@ pub struct Order {
 /// Where a worker stops.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub enum Point {
-    /// Nowhere.
-    None,
     /// After the reserve step, recorded: the worker hangs until it is killed.
     AfterReserve,
     /// Inside the reserve step, after its effect and before its record: the worker is paused
