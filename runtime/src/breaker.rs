@@ -514,6 +514,11 @@ impl CircuitBreaker {
     /// assert_eq!(open.retry_in, Duration::from_secs(5));
     /// # }
     /// ```
+    // `#[inline]` here, on `Permit::success` and on the permit's drop: a job's crate calls
+    // them on every guarded call, and a function of this crate that is not generic is
+    // otherwise a call across crates (`suite/benches/breaker.rs`: acquire + success 11.8 ns
+    // without, 3.1 ns with).
+    #[inline]
     pub fn acquire(&self) -> Result<Permit<'_>, Open> {
         let word = self.word.load(Ordering::Acquire);
         if word & STATE == CLOSED {
@@ -632,6 +637,15 @@ impl CircuitBreaker {
                 Ok(_) => return,
                 Err(now) => word = now,
             }
+        }
+    }
+
+    /// A probe of the half-open state of `epoch` succeeded: the breaker closes, and a shared
+    /// one tells the fleet in the background.
+    fn probe_succeeded(&self, epoch: u32) {
+        self.settle_probe(epoch, CLOSED);
+        if let Some(link) = self.shared() {
+            spawn(link.clone().settled(true));
         }
     }
 
@@ -879,14 +893,11 @@ impl Permit<'_> {
     ///
     /// A [shared](crate::fleet) breaker reports a probe's success to the fleet, and a success
     /// while the fleet counts failures, in the background: never on the call's path.
+    #[inline]
     pub fn success(mut self) {
-        if std::mem::take(&mut self.probe) {
-            self.breaker.settle_probe(self.epoch, CLOSED);
-            if let Some(link) = self.breaker.shared() {
-                spawn(link.clone().settled(true));
-            }
-        } else {
-            self.breaker.closed_success(self.epoch);
+        match std::mem::take(&mut self.probe) {
+            true => self.breaker.probe_succeeded(self.epoch),
+            false => self.breaker.closed_success(self.epoch),
         }
     }
 
@@ -927,6 +938,7 @@ impl Permit<'_> {
 /// Dropped unreported (a permanent failure, or a call whose future was dropped): nothing is
 /// counted, and a probe gives its slot back.
 impl Drop for Permit<'_> {
+    #[inline]
     fn drop(&mut self) {
         if self.probe {
             self.breaker.release_probe(self.epoch);
